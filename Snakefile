@@ -1,0 +1,27 @@
+# Does a run stopped at step stop_at and resumed from its resume file end bit-for-bit where the
+# straight run ends? And what changes when the resume file forgets the optimizer or the data position?
+#
+#   data ──> straight ─────────────> straight_fp16 ─┐
+#     └────> resume ──> resumed ──┐                 ├──> report
+#                 ├───> noopt ────┼─> divergence ───┤
+#                 ├───> noskip ───┘                 │
+#                 └───> optim ──────────────────────┘
+
+from snakemake.utils import min_version
+
+min_version("8.0")
+
+
+configfile: "config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/analysis.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        rules.report.output,

@@ -1,0 +1,74 @@
+# What the runs mean: half-precision weights, what the resume file weighs, how far variants drift.
+
+
+rule fp16:
+    input:
+        code=package("config", "model", "data", "train", "checkpoint"),
+        script=SCRIPTS / "half_precision.py",
+        config=RESOLVED_CONFIG,
+        weights=rules.straight.output.weights,
+        val=VAL_TOKENS,
+    output:
+        weights=f"{OUT}/straight_fp16.pth",
+        json=f"{OUT}/fp16.json",
+    log:
+        f"{OUT}/logs/fp16.log",
+    shell:
+        "python {input.script} --config {input.config} --weights {input.weights} --val {input.val}"
+        " --dtype fp16 --out {output.weights} --json {output.json} 2> {log}"
+
+
+rule optim:
+    input:
+        code=package("checkpoint"),
+        script=SCRIPTS / "optim_counts.py",
+        resume=rules.resume.output.resume,
+    output:
+        f"{OUT}/optim.json",
+    log:
+        f"{OUT}/logs/optim.log",
+    shell:
+        "python {input.script} --resume {input.resume} --json {output} 2> {log}"
+
+
+VARIANTS = ["resumed", "noopt", "noskip"]
+
+
+rule divergence:
+    input:
+        code=package("config", "model", "data", "train", "checkpoint", "report"),
+        script=SCRIPTS / "divergence.py",
+        config=RESOLVED_CONFIG,
+        val=VAL_TOKENS,
+        straight=rules.straight.output,
+        variants=expand("{out}/{variant}{suffix}", out=OUT, variant=VARIANTS, suffix=[".pth", "_log.csv"]),
+    output:
+        f"{OUT}/divergence.csv",
+    params:
+        variants=" ".join(f"--variant {v} {OUT}/{v}.pth {OUT}/{v}_log.csv" for v in VARIANTS),
+    log:
+        f"{OUT}/logs/divergence.log",
+    shell:
+        "python {input.script} --config {input.config} --val {input.val} --straight {input.straight}"
+        " {params.variants} --csv {output} 2> {log}"
+
+
+rule report:
+    input:
+        code=package("config", "checkpoint", "report"),
+        script=SCRIPTS / "report.py",
+        config=RESOLVED_CONFIG,
+        resume=rules.resume.output.resume,
+        divergence=rules.divergence.output,
+        fp16=rules.fp16.output.json,
+        optim=rules.optim.output,
+        straight_log=rules.straight.output.log,
+        resumed_log=rules.resumed.output.log,
+    output:
+        f"{OUT}/report.md",
+    log:
+        f"{OUT}/logs/report.log",
+    shell:
+        "python {input.script} --config {input.config} --resume {input.resume}"
+        " --divergence {input.divergence} --fp16 {input.fp16} --optim {input.optim}"
+        " --straight-log {input.straight_log} --resumed-log {input.resumed_log} --out {output} 2> {log}"

@@ -1,0 +1,34 @@
+import os
+import sys
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+# relative to the working directory, so job commands and file lists stay short
+SCRIPTS = Path(os.path.relpath(Path(workflow.basedir) / "workflow" / "scripts"))
+sys.path.insert(0, str(SCRIPTS))
+from mmkit.config import check_config
+from mmkit.errors import UserError
+
+validate(config, "../schemas/config.schema.yaml")
+try:
+    check_config(config)
+except UserError as e:
+    raise WorkflowError(str(e)) from None
+
+OUT = config["outdir"]
+RESOLVED_CONFIG = f"{OUT}/config.resolved.yaml"
+# token files: the user's own when both are named, else built from the corpus by rule tokenize
+TRAIN_TOKENS = config["data"]["train_tokens"] or f"{OUT}/data/train.npy"
+VAL_TOKENS = config["data"]["val_tokens"] or f"{OUT}/data/val.npy"
+if bool(config["data"]["train_tokens"]) != bool(config["data"]["val_tokens"]):
+    raise WorkflowError("config keys 'data.train_tokens' and 'data.val_tokens': name both or neither")
+
+
+def package(*modules):
+    """The shared package's modules a rule runs, as inputs: editing them reruns the rule."""
+    return [str(SCRIPTS / "mmkit" / f"{m}.py") for m in ("__init__", "errors") + modules]
+
+
+TRAINING_CODE = package("config", "model", "data", "train", "checkpoint")

@@ -1,0 +1,123 @@
+"""report.md from the artifacts: every number below is read from a file the workflow made."""
+
+import csv
+
+from .errors import UserError
+
+DIVERGENCE_COLUMNS = [
+    "variant", "max_abs_dweight", "rel_l2_dweight", "tensors_differing", "final_train_loss",
+    "val_loss", "val_loss_gap", "mean_abs_loss_gap", "max_abs_loss_gap",
+]
+
+# what each resumed variant threw away, and why that matters (Korean, as the report)
+VARIANTS = {
+    "resumed": ("없음 (대조군)", "재개 파일의 모든 상태를 복원했으므로 한 번에 학습한 결과와 같아야 한다."),
+    "noopt": (
+        "옵티마이저 상태",
+        "AdamW는 매개변수마다 두 모멘트(exp_avg, exp_avg_sq)를 기억한다. 이것이 0에서 다시 시작하면 "
+        "보폭이 기울기/√(이동평균)으로 다시 정해져, 재개 직후 몇 스텝이 전혀 다른 크기로 움직인다.",
+    ),
+    "noskip": (
+        "배치 생성기 상태",
+        "생성기를 처음 시드로 되돌리면 재개 첫 스텝이 1스텝의 배치를 다시 본다. 앞부분은 두 번 보고 "
+        "뒷부분은 보지 못한다 — MiniMind의 SkipBatchSampler가 막는 일이다.",
+    ),
+}
+
+
+def read_loss_log(path) -> dict[int, float]:
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        return {int(r["step"]): float(r["train_loss"]) for r in rows}
+    except (OSError, KeyError, ValueError, TypeError) as e:
+        raise UserError(f"loss log {path} is not a step,train_loss CSV ({e})") from None
+
+
+def read_divergence(path) -> list[dict]:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k in DIVERGENCE_COLUMNS[1:]:
+            r[k] = float(r[k])
+    return rows
+
+
+def tail_lines_equal(straight_log: str, resumed_log: str) -> tuple[int, int]:
+    """How many of the resumed log's lines appear, identical as text, in the straight log at the same step."""
+    ref = {line.split(",")[0]: line for line in straight_log.splitlines()[1:]}
+    lines = resumed_log.splitlines()[1:]
+    return sum(ref.get(line.split(",")[0]) == line for line in lines), len(lines)
+
+
+def g(x: float) -> str:
+    return "0" if x == 0 else f"{x:.3g}" if abs(x) >= 1e-3 else f"{x:.2e}"
+
+
+def render(env: dict, optim: dict, fp16: dict, divergence: list[dict], log_match: tuple[int, int]) -> str:
+    rows = {r["variant"]: r for r in divergence}
+    resumed = rows["resumed"]
+    same, total = log_match
+    weight_ratio = optim["resume_bytes"] / fp16["fp32_bytes"]
+    lines = [
+        "# 중단 후 재개는 한 번에 학습한 것과 같은가 — 재개 파일에 무엇을 넣나",
+        "",
+        f"MiniMind2 구조 ({env['params']:,} 매개변수, hidden {env['model']['hidden_size']}, "
+        f"{env['model']['num_hidden_layers']}층), 시드 {env['seed']}, 배치 {env['batch_size']}, "
+        f"길이 {env['seq_len']}, lr {env['lr']}, 총 {env['steps']} 스텝, {env['stop_at']} 스텝에서 중단. "
+        f"torch {env['torch']}, {env['device']}, 스레드 {env['threads']}, 정밀도 {env['precision']}.",
+        "",
+        "## 무엇을 저장하나",
+        "",
+        "재개 파일 `resume.pth`에는 다음 스텝이 의존하는 모든 것이 들어 있다: 가중치(`model`, fp32), "
+        "AdamW 상태(`optimizer`: 매개변수마다 exp_avg·exp_avg_sq와 step), 스텝 번호(`step`, 학습률은 "
+        "전체 스텝 기준으로 이어서 계산), 배치 생성기 상태(`gen_state`, 다음에 뽑을 배치), 그리고 "
+        "비트 단위 일치에 필요한 설정의 지문(`fingerprint`: torch 버전, 스레드 수, 장치, 모델 크기 등). "
+        "`resume.pth.tmp`에 모두 쓰고 fsync한 뒤 `os.replace`로 이름을 바꾸므로, 저장 중에 죽어도 "
+        "온전한 파일이 남는다.",
+        "",
+        f"- 새 프로세스에서 재개한 `resumed.pth`와 `straight.pth`: 최대 |차이| = {g(resumed['max_abs_dweight'])}, "
+        f"다른 텐서 {int(resumed['tensors_differing'])}개.",
+        f"- `resumed_log.csv`의 {total}줄 중 {same}줄이 `straight_log.csv`의 같은 스텝과 글자 그대로 같다.",
+        f"- 가중치 원소 {optim['model_numel']:,}개, 옵티마이저 상태 원소 {optim['optimizer_numel']:,}개: "
+        f"배율 **{optim['ratio']:.2f}**. 그래서 재개 파일({optim['resume_bytes']:,} 바이트)은 "
+        f"가중치 파일({fp16['fp32_bytes']:,} 바이트)의 {weight_ratio:.2f}배다.",
+        "",
+        "## 빠뜨리면",
+        "",
+        "재개 파일에서 한 가지만 버리고 이어서 학습하면, 오류 없이 다른 모델이 나온다.",
+        "",
+        "| 변형 | 버린 것 | 최대 \\|Δ가중치\\| | 상대 L2 | 중단 후 손실 차 평균 / 최대 | 검증 손실 (차) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in rows.items():
+        if name == "straight":
+            continue
+        dropped = VARIANTS.get(name, ("?", ""))[0]
+        lines.append(
+            f"| {name} | {dropped} | {g(row['max_abs_dweight'])} | {g(row['rel_l2_dweight'])} | "
+            f"{g(row['mean_abs_loss_gap'])} / {g(row['max_abs_loss_gap'])} | "
+            f"{row['val_loss']:.4f} ({row['val_loss_gap']:+.2g}) |"
+        )
+    lines.append(f"| straight | — | — | — | — | {rows['straight']['val_loss']:.4f} |")
+    lines.append("")
+    for name in rows:
+        if name in VARIANTS and name != "resumed":
+            lines.append(f"- **{name}**: {VARIANTS[name][1]}")
+    half_ratio = fp16["fp16_bytes"] / fp16["fp32_bytes"]
+    lines += [
+        "",
+        "## 반정밀도",
+        "",
+        f"`straight.pth`의 모든 텐서를 float16으로 바꿔 `straight_fp16.pth`로 저장했다(임베딩과 lm_head는 "
+        f"한 텐서로 묶인 채). 파일 크기 {fp16['fp32_bytes']:,} → **{fp16['fp16_bytes']:,}** 바이트"
+        f"({half_ratio:.4f}배, 이름 등 텐서 밖의 내용 때문에 정확히 절반은 아니다). fp32 모델에 다시 "
+        f"펼쳐 넣었을 때 검증 토큰 앞 {fp16['tokens']}개의 logits 최대 절대 차이는 {g(fp16['max_logit_diff'])}로, "
+        "소수점 셋째 자리 부근이 바뀐다.",
+        "",
+        "추론용 가중치는 `straight_fp16.pth`(state_dict만, 반정밀도, 작게)이고, 재개용은 `resume.pth`"
+        "(fp32 가중치+옵티마이저+스텝+생성기 상태)이다 — 반정밀도 가중치에서 재개하면 비트 단위 일치가 깨지므로 "
+        "두 파일을 따로 둔다.",
+        "",
+    ]
+    return "\n".join(lines)

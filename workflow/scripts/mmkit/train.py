@@ -1,0 +1,119 @@
+"""The one training loop every training artifact runs, and the one place model and optimizer are built."""
+
+import contextlib
+import hashlib
+import math
+import os
+import sys
+import time
+
+import torch
+
+from .checkpoint import FORMAT_VERSION
+from .config import RunConfig
+from .data import get_batch
+from .errors import UserError
+from .model import MiniMindForCausalLM
+
+WEIGHT_DECAY = 0.01
+GRAD_CLIP = 1.0
+
+
+def lr_at(step: int, total_steps: int, lr: float) -> float:
+    """MiniMind's cosine from the absolute step (1-based) and the TOTAL steps: never restarted on resume."""
+    return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * step / total_steps)))
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("config key 'device' is cuda but this torch sees no CUDA device; use cpu or auto")
+    return device
+
+
+def make_deterministic(cfg: RunConfig) -> str:
+    """Pin everything that changes the last bits between two processes; returns the device used."""
+    device = resolve_device(cfg.device)
+    # the same reduction order needs the same thread count: 1 and 2 threads differ in the last bits
+    torch.set_num_threads(cfg.threads)
+    if device == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
+        torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True)
+    return device
+
+
+def build(cfg: RunConfig, device: str):
+    """Model, optimizer and batch generator, built identically by the straight and the resumed run."""
+    # seed before building the model: a resumed run draws the same init even though it is overwritten,
+    # so every later draw from the global RNG lines up with the straight run's
+    torch.manual_seed(cfg.seed)
+    model = MiniMindForCausalLM(cfg.model).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=WEIGHT_DECAY)
+    batch_generator = torch.Generator().manual_seed(cfg.seed)  # its own, so nothing else moves the data position
+    return model, optimizer, batch_generator
+
+
+def fingerprint(cfg: RunConfig, device: str, train_tokens) -> dict:
+    """The settings a bit-exact continuation depends on; stored in and checked against the resume file."""
+    return {
+        "format": FORMAT_VERSION,
+        "torch": str(torch.__version__),  # a plain str: TorchVersion is not weights_only-loadable
+        "threads": cfg.threads,
+        "device": device,
+        "precision": cfg.precision,
+        "model": cfg.model.to_dict(),
+        "seed": cfg.seed,
+        "steps": cfg.steps,
+        "batch_size": cfg.batch_size,
+        "seq_len": cfg.seq_len,
+        "lr": cfg.lr,
+        "train_tokens_sha256": hashlib.sha256(memoryview(train_tokens)).hexdigest(),
+    }
+
+
+def autocast(cfg: RunConfig, device: str):
+    if cfg.precision == "bf16":
+        return torch.autocast(device_type=device, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train(cfg: RunConfig, device, model, optimizer, batch_generator, tokens, first_step: int, last_step: int):
+    """Optimizer steps first_step..last_step (1-based, inclusive); yields (step, loss) after each."""
+    model.train()
+    for step in range(first_step, last_step + 1):
+        t0 = time.perf_counter()
+        lr = lr_at(step, cfg.steps, cfg.lr)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        x, y = get_batch(tokens, cfg.batch_size, cfg.seq_len, batch_generator)
+        with autocast(cfg, device):
+            _, loss = model(x.to(device), y.to(device))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss.item()
+        ms = (time.perf_counter() - t0) * 1000
+        print(f"step {step:>4}/{cfg.steps}  loss {loss:.6f}  lr {lr:.3e}  {ms:.0f} ms", file=sys.stderr, flush=True)
+        yield step, loss
+
+
+@torch.no_grad()
+def logits_on(model, tokens) -> torch.Tensor:
+    model.eval()
+    idx = torch.as_tensor(tokens.astype("int64"))[None]
+    return model(idx)[0][0].float()
+
+
+@torch.no_grad()
+def eval_loss(model, tokens, seq_len: int) -> float:
+    """Mean next-token loss over consecutive seq_len windows of tokens (the held-out val set)."""
+    model.eval()
+    ids = torch.as_tensor(tokens.astype("int64"))
+    n = (len(ids) - 1) // seq_len
+    x = ids[: n * seq_len].view(n, seq_len)
+    y = ids[1 : n * seq_len + 1].view(n, seq_len)
+    losses = [model(x[i : i + 8], y[i : i + 8])[1].item() * len(x[i : i + 8]) for i in range(0, n, 8)]
+    return sum(losses) / n

@@ -1,0 +1,39 @@
+"""Count what the resume file holds: weight elements vs AdamW state elements, and their ratio."""
+
+import argparse
+import json
+import os
+
+from mmkit.checkpoint import RESUME_KEYS, load_file, write_text_atomic
+from mmkit.errors import UserError, run_cli
+
+TIED = "lm_head.weight"  # the embedding under a second name: one tensor, counted once
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--resume", required=True)
+    p.add_argument("--json", required=True)
+    args = p.parse_args()
+
+    state = load_file(args.resume, "resume file")
+    if not isinstance(state, dict) or any(k not in state for k in RESUME_KEYS):
+        raise UserError(f"resume file {args.resume} is not a resume dict with keys {RESUME_KEYS}")
+    model_numel = sum(t.numel() for k, t in state["model"].items() if k != TIED)
+    # per parameter: exp_avg and exp_avg_sq (one element each per weight) and a 0-dim step counter
+    optimizer_numel = sum(
+        t.numel() for per_param in state["optimizer"]["state"].values()
+        for t in per_param.values() if t.dim() >= 1
+    )
+    result = {
+        "model_numel": model_numel,
+        "optimizer_numel": optimizer_numel,
+        "ratio": optimizer_numel / model_numel,
+        "resume_bytes": os.path.getsize(args.resume),
+    }
+    write_text_atomic(args.json, json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    run_cli(main)

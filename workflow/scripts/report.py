@@ -1,0 +1,45 @@
+"""report.md: what the resume file holds, what leaving a piece out does, what half precision changes."""
+
+import argparse
+import json
+from pathlib import Path
+
+from mmkit.checkpoint import load_file, write_text_atomic
+from mmkit.config import load_config
+from mmkit.errors import run_cli
+from mmkit.report import read_divergence, render, tail_lines_equal
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--config", required=True)
+    p.add_argument("--resume", required=True, help="resume file (its fingerprint names torch, device, threads)")
+    p.add_argument("--divergence", required=True)
+    p.add_argument("--fp16", required=True)
+    p.add_argument("--optim", required=True)
+    p.add_argument("--straight-log", required=True)
+    p.add_argument("--resumed-log", required=True)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+
+    cfg = load_config(args.config)
+    fingerprint = load_file(args.resume, "resume file")["fingerprint"]
+    optim = json.loads(Path(args.optim).read_text())
+    env = {
+        **{k: getattr(cfg, k) for k in ("seed", "batch_size", "seq_len", "lr", "steps", "stop_at", "precision")},
+        "model": cfg.model.to_dict(),
+        "params": optim["model_numel"],
+        **{k: fingerprint[k] for k in ("torch", "device", "threads")},
+    }
+    text = render(
+        env,
+        optim,
+        json.loads(Path(args.fp16).read_text()),
+        read_divergence(args.divergence),
+        tail_lines_equal(Path(args.straight_log).read_text(), Path(args.resumed_log).read_text()),
+    )
+    write_text_atomic(args.out, text)
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,70 @@
+"""Train MiniMind: straight through, or stopped, or resumed with or without parts of the resume file.
+
+  run.py --config C --tokens T --out straight.pth --log straight_log.csv
+  run.py --config C --tokens T --out resume.pth --stop-at 30            # OUT is then the resume file
+  run.py --config C --tokens T --out resumed.pth --log L --resume resume.pth [--no-optim] [--no-skip]
+"""
+
+import argparse
+
+from mmkit.checkpoint import read_resume, resume_state, save_atomic, write_text_atomic, check_fits
+from mmkit.config import load_config
+from mmkit.data import load_tokens
+from mmkit.errors import UserError, run_cli
+from mmkit.train import build, fingerprint, make_deterministic, train
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="resolved config YAML (same keys as config.yaml)")
+    p.add_argument("--tokens", required=True, help="training tokens, 1-D integer .npy")
+    p.add_argument("--out", required=True, help="weights file, or the resume file with --stop-at")
+    p.add_argument("--log", help="CSV step,train_loss of the steps this run trains")
+    p.add_argument("--stop-at", type=int, help="stop after this step and write a resume file to --out")
+    p.add_argument("--resume", help="continue from this resume file")
+    p.add_argument("--no-optim", action="store_true", help="ablation: start AdamW afresh on resume")
+    p.add_argument("--no-skip", action="store_true", help="ablation: re-seed the batch generator on resume")
+    p.add_argument("--allow-mismatch", action="store_true", help="resume despite other settings (not bit-exact)")
+    args = p.parse_args()
+    if (args.no_optim or args.no_skip) and not args.resume:
+        raise UserError("--no-optim and --no-skip only make sense with --resume")
+
+    cfg = load_config(args.config)
+    device = make_deterministic(cfg)
+    tokens = load_tokens(args.tokens, cfg.model.vocab_size, cfg.seq_len + 2, "training tokens")
+    model, optimizer, batch_generator = build(cfg, device)
+    fp = fingerprint(cfg, device, tokens)
+
+    first_step = 1
+    if args.resume:
+        state = read_resume(args.resume, fp, args.allow_mismatch)
+        check_fits(state["model"], model, f"resume file {args.resume}")
+        model.load_state_dict(state["model"])
+        if not args.no_optim:
+            try:
+                optimizer.load_state_dict(state["optimizer"])
+            except (ValueError, KeyError, RuntimeError) as e:
+                raise UserError(f"resume file {args.resume}: optimizer state does not fit ({e})") from None
+        if args.no_skip:
+            batch_generator.manual_seed(cfg.seed)  # back to step 1's batches: what a rewound sampler does
+        else:
+            batch_generator.set_state(state["gen_state"])
+        first_step = state["step"] + 1
+
+    last_step = args.stop_at or cfg.steps
+    if not first_step <= last_step <= cfg.steps:
+        raise UserError(f"nothing to train: steps {first_step}..{last_step} of {cfg.steps}")
+
+    rows = [f"{step},{loss:.6f}" for step, loss in
+            train(cfg, device, model, optimizer, batch_generator, tokens, first_step, last_step)]
+
+    if args.stop_at:
+        save_atomic(resume_state(model, optimizer, last_step, batch_generator, fp), args.out)
+    else:
+        save_atomic(model.state_dict(), args.out)
+    if args.log:
+        write_text_atomic(args.log, "step,train_loss\n" + "\n".join(rows) + "\n")
+
+
+if __name__ == "__main__":
+    run_cli(main)
