@@ -18,6 +18,24 @@ rule fp16:
         " --dtype fp16 --out {output.weights} --json {output.json} 2> {log}"
 
 
+rule inference:
+    input:
+        code=package("config", "model", "checkpoint", "export"),
+        script=SCRIPTS / "export_inference.py",
+        config=RESOLVED_CONFIG,
+        weights=rules.straight.output.weights,
+    output:
+        safetensors=f"{OUT}/inference/model.safetensors",
+        config=f"{OUT}/inference/config.json",
+    params:
+        outdir=lambda w, output: os.path.dirname(output.config),
+    log:
+        f"{OUT}/logs/inference.log",
+    shell:
+        "python {input.script} --config {input.config} --weights {input.weights}"
+        " --outdir {params.outdir} 2> {log}"
+
+
 rule optim:
     input:
         code=package("checkpoint"),
