@@ -13,6 +13,8 @@ rule fp16:
         json=f"{OUT}/fp16.json",
     log:
         f"{OUT}/logs/fp16.log",
+    conda:
+        ENV
     shell:
         "python {input.script} --config {input.config} --weights {input.weights} --val {input.val}"
         " --dtype fp16 --out {output.weights} --json {output.json} 2> {log}"
@@ -27,10 +29,12 @@ rule inference:
     output:
         safetensors=f"{OUT}/inference/model.safetensors",
         config=f"{OUT}/inference/config.json",
-    params:
-        outdir=lambda w, output: os.path.dirname(output.config),
     log:
         f"{OUT}/logs/inference.log",
+    conda:
+        ENV
+    params:
+        outdir=lambda w, output: os.path.dirname(output.config),
     shell:
         "python {input.script} --config {input.config} --weights {input.weights}"
         " --outdir {params.outdir} 2> {log}"
@@ -45,6 +49,8 @@ rule optim:
         f"{OUT}/optim.json",
     log:
         f"{OUT}/logs/optim.log",
+    conda:
+        ENV
     shell:
         "python {input.script} --resume {input.resume} --json {output} 2> {log}"
 
@@ -59,13 +65,22 @@ rule divergence:
         config=RESOLVED_CONFIG,
         val=VAL_TOKENS,
         straight=rules.straight.output,
-        variants=expand("{out}/{variant}{suffix}", out=OUT, variant=VARIANTS, suffix=[".pth", "_log.csv"]),
+        variants=expand(
+            "{out}/{variant}{suffix}",
+            out=OUT,
+            variant=VARIANTS,
+            suffix=[".pth", "_log.csv"],
+        ),
     output:
         f"{OUT}/divergence.csv",
-    params:
-        variants=" ".join(f"--variant {v} {OUT}/{v}.pth {OUT}/{v}_log.csv" for v in VARIANTS),
     log:
         f"{OUT}/logs/divergence.log",
+    conda:
+        ENV
+    params:
+        variants=" ".join(
+            f"--variant {v} {OUT}/{v}.pth {OUT}/{v}_log.csv" for v in VARIANTS
+        ),
     shell:
         "python {input.script} --config {input.config} --val {input.val} --straight {input.straight}"
         " {params.variants} --csv {output} 2> {log}"
@@ -86,6 +101,8 @@ rule report:
         f"{OUT}/report.md",
     log:
         f"{OUT}/logs/report.log",
+    conda:
+        ENV
     shell:
         "python {input.script} --config {input.config} --resume {input.resume}"
         " --divergence {input.divergence} --fp16 {input.fp16} --optim {input.optim}"

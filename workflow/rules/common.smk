@@ -17,18 +17,23 @@ try:
 except UserError as e:
     raise WorkflowError(str(e)) from None
 
+ENV = "../../environment.yml"  # the project's one environment, for --software-deployment-method conda
 OUT = config["outdir"]
 RESOLVED_CONFIG = f"{OUT}/config.resolved.yaml"
 # token files: the user's own when both are named, else built from the corpus by rule tokenize
 TRAIN_TOKENS = config["data"]["train_tokens"] or f"{OUT}/data/train.npy"
 VAL_TOKENS = config["data"]["val_tokens"] or f"{OUT}/data/val.npy"
 if bool(config["data"]["train_tokens"]) != bool(config["data"]["val_tokens"]):
-    raise WorkflowError("config keys 'data.train_tokens' and 'data.val_tokens': name both or neither")
+    raise WorkflowError(
+        "config keys 'data.train_tokens' and 'data.val_tokens': name both or neither"
+    )
 
 
 def package(*modules):
-    """The shared package's modules a rule runs, as inputs: editing them reruns the rule."""
-    return [str(SCRIPTS / "mmkit" / f"{m}.py") for m in ("__init__", "errors") + modules]
+    """The shared package's modules a job imports, declared as its inputs so that editing one reruns it."""
+    return [
+        str(SCRIPTS / "mmkit" / f"{m}.py") for m in ("__init__", "errors") + modules
+    ]
 
 
 TRAINING_CODE = package("config", "model", "data", "train", "checkpoint")

@@ -1,15 +1,14 @@
 rule resolved_config:
     output:
         RESOLVED_CONFIG,
-    params:
-        config=config,
     log:
         f"{OUT}/logs/resolved_config.log",
-    run:
-        import yaml
-        from mmkit.checkpoint import write_text_atomic
-
-        write_text_atomic(output[0], yaml.safe_dump(dict(params.config), sort_keys=False))
+    conda:
+        ENV
+    params:
+        config=config,
+    script:
+        "../scripts/write_config.py"
 
 
 rule tokenize:
@@ -20,12 +19,14 @@ rule tokenize:
         tokenizer=f"{OUT}/data/tokenizer.json",
         train=f"{OUT}/data/train.npy",
         val=f"{OUT}/data/val.npy",
+    log:
+        f"{OUT}/logs/tokenize.log",
+    conda:
+        ENV
     params:
         corpus=config["data"]["corpus"] or "",
         vocab_size=config["model"]["vocab_size"],
         val_fraction=config["data"]["val_fraction"],
-    log:
-        f"{OUT}/logs/tokenize.log",
     shell:
         "python {input.script} --corpus '{params.corpus}' --vocab-size {params.vocab_size}"
         " --val-fraction {params.val_fraction} --tokenizer {output.tokenizer}"

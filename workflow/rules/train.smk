@@ -14,6 +14,8 @@ rule straight:
         log=f"{OUT}/straight_log.csv",
     log:
         f"{OUT}/logs/straight.log",
+    conda:
+        ENV
     threads: config["threads"]
     shell:
         "python {input.script} --config {input.config} --tokens {input.tokens}"
@@ -31,9 +33,13 @@ rule resume:
         log=f"{OUT}/resume_log.csv",
     log:
         f"{OUT}/logs/resume.log",
+    conda:
+        ENV
     threads: config["threads"]
+    params:
+        stop_at=config["stop_at"],
     shell:
-        "python {input.script} --config {input.config} --tokens {input.tokens} --stop-at {config[stop_at]}"
+        "python {input.script} --config {input.config} --tokens {input.tokens} --stop-at {params.stop_at}"
         " --out {output.resume} --log {output.log} 2> {log}"
 
 
@@ -47,11 +53,13 @@ rule resumed:
     output:
         weights=f"{OUT}/resumed.pth",
         log=f"{OUT}/resumed_log.csv",
-    params:
-        ablation="",
     log:
         f"{OUT}/logs/resumed.log",
+    conda:
+        ENV
     threads: config["threads"]
+    params:
+        ablation="",
     shell:
         "python {input.script} --config {input.config} --tokens {input.tokens} --resume {input.resume}"
         " {params.ablation} --out {output.weights} --log {output.log} 2> {log}"
@@ -64,17 +72,17 @@ use rule resumed as noopt with:
     output:
         weights=f"{OUT}/noopt.pth",
         log=f"{OUT}/noopt_log.csv",
-    params:
-        ablation="--no-optim",
     log:
         f"{OUT}/logs/noopt.log",
+    params:
+        ablation="--no-optim",
 
 
 use rule resumed as noskip with:
     output:
         weights=f"{OUT}/noskip.pth",
         log=f"{OUT}/noskip_log.csv",
-    params:
-        ablation="--no-skip",
     log:
         f"{OUT}/logs/noskip.log",
+    params:
+        ablation="--no-skip",

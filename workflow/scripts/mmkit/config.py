@@ -29,7 +29,7 @@ class RunConfig:
 def check_config(cfg: dict) -> None:
     """Raise UserError naming the key when cfg breaks the schema or a rule the schema cannot say."""
     schema = yaml.safe_load(SCHEMA.read_text())
-    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(cfg), key=lambda e: list(e.path))
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(cfg), key=lambda e: list(e.path))
     if errors:
         e = errors[0]
         key = ".".join(str(p) for p in e.path) or "(top level)"

@@ -1,0 +1,157 @@
+"""The experiment's claims, checked on the artifacts of one tiny end-to-end snakemake run."""
+
+import csv
+import json
+import os
+
+import numpy as np
+import torch
+import yaml
+from conftest import TINY, run_script
+
+from mmkit.checkpoint import cast_state_dict
+from mmkit.config import load_config
+from mmkit.model import MiniMindForCausalLM
+
+
+def load(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def assert_identical(a: dict, b: dict):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), f"{k} differs"
+
+
+def test_resumed_equals_straight_bit_for_bit(pipeline):
+    straight, resumed = load(pipeline / "straight.pth"), load(pipeline / "resumed.pth")
+    assert len(straight) == 3 + 9 * TINY["model"]["num_hidden_layers"]  # every tensor is compared
+    assert_identical(straight, resumed)
+
+
+def test_resumed_log_equals_straight_log_tail_line_for_line(pipeline):
+    straight = (pipeline / "straight_log.csv").read_text().splitlines()
+    resumed = (pipeline / "resumed_log.csv").read_text().splitlines()
+    assert straight[0] == resumed[0] == "step,train_loss"
+    assert len(straight) == 1 + TINY["steps"]
+    assert resumed[1:] == straight[1 + TINY["stop_at"]:]
+
+
+def test_loss_logs_have_six_decimals(pipeline):
+    for row in csv.DictReader(open(pipeline / "straight_log.csv")):
+        assert len(row["train_loss"].split(".")[1]) == 6
+
+
+def test_first_loss_is_near_log_vocab(pipeline):
+    first = float((pipeline / "straight_log.csv").read_text().splitlines()[1].split(",")[1])
+    assert abs(first - np.log(TINY["model"]["vocab_size"])) < 0.5
+
+
+def test_dropping_optimizer_state_changes_the_result(pipeline):
+    straight, noopt = load(pipeline / "straight.pth"), load(pipeline / "noopt.pth")
+    assert any(not torch.equal(straight[k], noopt[k]) for k in straight)
+    proc = run_script("compare.py", pipeline / "straight.pth", pipeline / "noopt.pth", "--quiet")
+    assert proc.returncode == 1 and "tensors differ" in proc.stdout
+
+
+def test_rewinding_the_data_position_changes_the_result(pipeline):
+    straight, noskip = load(pipeline / "straight.pth"), load(pipeline / "noskip.pth")
+    assert any(not torch.equal(straight[k], noskip[k]) for k in straight)
+    # the first step after the cut trains on step 1's batch again, so its loss differs from straight's
+    step = str(TINY["stop_at"] + 1)
+    loss = {r["step"]: r["train_loss"] for r in csv.DictReader(open(pipeline / "noskip_log.csv"))}
+    ref = {r["step"]: r["train_loss"] for r in csv.DictReader(open(pipeline / "straight_log.csv"))}
+    assert loss[step] != ref[step]
+
+
+def test_compare_script_says_identical_for_resumed(pipeline):
+    proc = run_script("compare.py", pipeline / "straight.pth", pipeline / "resumed.pth")
+    assert proc.returncode == 0, proc.stdout
+    assert "0 of" in proc.stdout.splitlines()[-1]
+
+
+def test_no_tmp_file_is_left_behind(pipeline):
+    assert not list(pipeline.rglob("*.tmp"))
+
+
+def test_resume_file_holds_weights_optimizer_step_and_generator(pipeline):
+    state = load(pipeline / "resume.pth")  # weights_only=True loads it: plain tensors and data only
+    assert {"model", "optimizer", "step", "gen_state", "fingerprint"} <= state.keys()
+    assert state["step"] == TINY["stop_at"]
+    assert state["gen_state"].dtype == torch.uint8
+    moments = state["optimizer"]["state"][0]
+    assert {"exp_avg", "exp_avg_sq", "step"} <= moments.keys()
+    assert state["fingerprint"]["threads"] == load_config(pipeline / "config.resolved.yaml").threads
+    # the tie survives the round trip: one tensor under two names
+    assert state["model"]["lm_head.weight"].data_ptr() == state["model"]["model.embed_tokens.weight"].data_ptr()
+
+
+def test_fp16_file_is_nearly_half_and_keeps_the_tie(pipeline):
+    result = json.loads((pipeline / "fp16.json").read_text())
+    assert result["fp32_bytes"] == os.path.getsize(pipeline / "straight.pth")
+    assert result["fp16_bytes"] == os.path.getsize(pipeline / "straight_fp16.pth")
+    assert 0.45 < result["fp16_bytes"] / result["fp32_bytes"] < 0.56
+    half = load(pipeline / "straight_fp16.pth")
+    assert all(t.dtype == torch.float16 for t in half.values())
+    assert half["lm_head.weight"].data_ptr() == half["model.embed_tokens.weight"].data_ptr()
+
+
+def test_fp16_logit_diff_is_recomputed_exactly_and_small(pipeline):
+    cfg = load_config(pipeline / "config.resolved.yaml")
+    result = json.loads((pipeline / "fp16.json").read_text())
+    tokens = torch.from_numpy(np.load(pipeline / "data" / "val.npy")[: cfg.seq_len].astype(np.int64))[None]
+    straight = load(pipeline / "straight.pth")
+    logits = []
+    for sd in (straight, cast_state_dict(straight, torch.float16)):
+        model = MiniMindForCausalLM(cfg.model).eval()
+        model.load_state_dict(sd)
+        with torch.no_grad():
+            logits.append(model(tokens)[0])
+    diff = (logits[0] - logits[1]).abs().max().item()
+    assert result["max_logit_diff"] == diff
+    assert 0 < diff < 0.05
+
+
+def test_optim_counts_match_the_resume_file_and_ratio_is_two(pipeline):
+    result = json.loads((pipeline / "optim.json").read_text())
+    state = load(pipeline / "resume.pth")
+    params = MiniMindForCausalLM(load_config(pipeline / "config.resolved.yaml").model).num_parameters()
+    assert result["model_numel"] == params
+    moments = sum(t.numel() for s in state["optimizer"]["state"].values() for t in s.values() if t.dim() >= 1)
+    assert result["optimizer_numel"] == moments
+    assert result["ratio"] == 2.0  # AdamW: exp_avg and exp_avg_sq, one element each per weight
+
+
+def test_divergence_table_reads_zero_for_resumed_and_not_for_ablations(pipeline):
+    rows = {r["variant"]: r for r in csv.DictReader(open(pipeline / "divergence.csv"))}
+    gaps = ("max_abs_dweight", "rel_l2_dweight", "tensors_differing", "val_loss_gap",
+            "mean_abs_loss_gap", "max_abs_loss_gap")
+    assert all(float(rows["resumed"][c]) == 0 for c in gaps)
+    for name in ("noopt", "noskip"):
+        assert float(rows[name]["max_abs_dweight"]) > 0
+        assert float(rows[name]["max_abs_loss_gap"]) > 0
+    # the weight gap in the table is the one a direct comparison gives
+    straight, noopt = load(pipeline / "straight.pth"), load(pipeline / "noopt.pth")
+    direct = max((straight[k] - noopt[k]).abs().max().item() for k in straight)
+    assert float(rows["noopt"]["max_abs_dweight"]) == direct
+
+
+def test_report_has_the_three_sections_and_generated_numbers(pipeline):
+    report = (pipeline / "report.md").read_text()
+    headings = [line for line in report.splitlines() if line.startswith("## ")]
+    assert headings[:3] == ["## 무엇을 저장하나", "## 빠뜨리면", "## 반정밀도"]
+    optim = json.loads((pipeline / "optim.json").read_text())
+    fp16 = json.loads((pipeline / "fp16.json").read_text())
+    assert f"**{optim['ratio']:.2f}**" in report
+    assert f"**{fp16['fp16_bytes']:,}**" in report
+    saving, missing, half = report.split("## ")[1:4]
+    assert f"{optim['ratio']:.2f}" in saving and f"{fp16['fp16_bytes']:,}" in half
+    assert "noopt" in missing and "noskip" in missing
+    assert "resume.pth" in half and "straight_fp16.pth" in half
+
+
+def test_resolved_config_is_the_merged_overlay(pipeline):
+    resolved = yaml.safe_load((pipeline / "config.resolved.yaml").read_text())
+    assert resolved["steps"] == TINY["steps"] and resolved["model"] == TINY["model"]
+    assert resolved["seed"] == 7 and resolved["lr"] == 3e-3  # untouched keys come from config.yaml

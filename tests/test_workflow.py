@@ -1,0 +1,113 @@
+"""The workflow as a user drives it: the plan, one target rebuilt alone, config errors, lint."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+from conftest import REPO, TINY, copy_workflow, snakemake
+
+ARTIFACTS = ["straight.pth", "straight_log.csv", "resume.pth", "resumed.pth", "resumed_log.csv", "noopt.pth",
+             "noskip.pth", "straight_fp16.pth", "fp16.json", "optim.json", "divergence.csv", "report.md"]
+
+
+def planned_jobs(proc) -> dict:
+    """{rule: count} from the job-stats table of a dry run."""
+    table = proc.stdout.split("Job stats:")[1].split("total")[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+@pytest.fixture
+def fresh(tmp_path):
+    work = copy_workflow(tmp_path / "wf")
+    (work / "tiny.yaml").write_text(yaml.safe_dump({**TINY, "outdir": "results"}))
+    return work
+
+
+def test_dry_run_plans_every_artifact_once(fresh):
+    proc = snakemake(fresh, "-n")
+    jobs = planned_jobs(proc)
+    expected = {"resolved_config", "tokenize", "straight", "resume", "resumed", "noopt", "noskip",
+                "fp16", "optim", "divergence", "report", "all"}
+    assert expected <= jobs.keys() and all(jobs[r] == 1 for r in expected)
+    for name in ARTIFACTS:
+        assert f"results/{name}" in proc.stdout
+    assert not (fresh / "results").exists()  # a dry run makes nothing
+
+
+def test_rulegraph_has_the_experiments_edges(fresh):
+    dot = snakemake(fresh, "--rulegraph").stdout
+    names = dict(re.findall(r'(\d+)\[label = "(\w+)"', dot))
+    edges = {(names[a], names[b]) for a, b in re.findall(r"(\d+) -> (\d+)", dot)}
+    for edge in [("tokenize", "straight"), ("tokenize", "resume"), ("resume", "resumed"), ("resume", "noopt"),
+                 ("resume", "noskip"), ("resume", "optim"), ("straight", "fp16"), ("divergence", "report"),
+                 ("fp16", "report"), ("optim", "report")]:
+        assert edge in edges, edge
+    assert ("straight", "resumed") not in edges  # the resumed run never sees the straight run
+
+
+def test_all_artifacts_built_and_nothing_left_to_do(pipeline):
+    for name in ARTIFACTS:
+        assert (pipeline / name).stat().st_size > 0
+    proc = snakemake(pipeline.parent, "-n")
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_rebuilding_one_target_runs_only_that_rule_and_gives_the_same_bits(pipeline):
+    work = pipeline.parent
+    before = torch.load(pipeline / "noopt.pth", weights_only=True)
+    (pipeline / "noopt.pth").unlink()
+    plan = planned_jobs(snakemake(work, "-n", "results/noopt.pth"))
+    assert plan == {"noopt": 1}
+    snakemake(work, "results/noopt.pth")
+    after = torch.load(pipeline / "noopt.pth", weights_only=True)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_editing_the_training_code_reruns_the_training_rules(pipeline):
+    train_py = pipeline.parent / "workflow" / "scripts" / "mmkit" / "train.py"
+    text, stat = train_py.read_text(), train_py.stat()
+    try:
+        # a real edit: snakemake ignores a newer mtime when the file's checksum is unchanged
+        train_py.write_text(text + "\n# edited\n")
+        plan = planned_jobs(snakemake(pipeline.parent, "-n"))
+    finally:
+        train_py.write_text(text)
+        os.utime(train_py, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert {"straight", "resume", "resumed", "noopt", "noskip"} <= plan.keys()
+    assert "tokenize" not in plan and "resolved_config" not in plan
+
+
+@pytest.mark.parametrize(
+    "overlay, key",
+    [
+        ({"stop_at": 12}, "stop_at"),
+        ({"stop_at": 0}, "stop_at"),
+        ({"lr": -0.1}, "lr"),
+        ({"model": {**TINY["model"], "num_attention_heads": 3}}, "num_attention_heads"),
+        ({"model": {**TINY["model"], "num_key_value_heads": 3}}, "num_key_value_heads"),
+        ({"device": "tpu"}, "device"),
+        ({"threads": 0}, "threads"),
+        ({"batch_size": "eight"}, "batch_size"),
+    ],
+)
+def test_bad_config_stops_before_any_job_naming_the_key(fresh, overlay, key):
+    (fresh / "bad.yaml").write_text(yaml.safe_dump(overlay))
+    proc = snakemake(fresh, configfiles=("config.yaml", "tiny.yaml", "bad.yaml"), check=False)
+    assert proc.returncode != 0
+    assert key in proc.stderr + proc.stdout
+    assert not (fresh / "results").exists()
+
+
+def test_snakemake_lint_is_clean():
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_snakefmt_check_is_clean():
+    proc = subprocess.run([sys.executable, "-m", "snakefmt", "--check", "Snakefile", "workflow/rules"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
