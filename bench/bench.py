@@ -38,6 +38,7 @@ from mmkit.model import MiniMindForCausalLM, ModelConfig  # noqa: E402
 from mmkit.train import GRAD_CLIP, WEIGHT_DECAY, lr_at  # noqa: E402
 
 BATCH, SEQ, LR = 8, 128, 3.0e-3
+NOISY_IQR_PCT = 25  # a spread above this flags a measurement as disturbed by other work on the machine
 DIMS_SOURCES = {  # name -> YAML files whose 'model' keys are overlaid in order, as snakemake --configfile does
     "default": [ROOT / "config.yaml"],
     "minimind2-small": [ROOT / "config.yaml", ROOT / "presets" / "minimind2-small.yaml"],
@@ -351,6 +352,7 @@ def bench_loads(path: Path, reps: int, warmup: int) -> list:
 
 
 def bench_checkpoint_io(dims: str, io_dir: Path, reps: int, warmup: int) -> list:
+    torch.set_num_threads(1)  # as the workflow's training jobs (threads: 1); also spares I/O from a busy 2nd core
     obj = resume_sized_state(dims)
     print(f"[io] resume dict of the {dims} model, written in {io_dir}", flush=True)
     save_rows, atomic = bench_saves(obj, io_dir, reps, warmup)
@@ -382,6 +384,11 @@ def fmt(v, spec: str = ".1f") -> str:
     return "" if v is None or v == "" else format(v, spec)
 
 
+def ms_cell(r: dict, spec: str = ".1f") -> str:
+    flag = " ⚠" if r["iqr_pct"] > NOISY_IQR_PCT else ""
+    return f"{format(r['median_ms'], spec)} (±{r['iqr_pct']:.0f}%){flag}"
+
+
 def pct(share) -> str:
     return "" if share is None else f"{100 * share:.0f}"
 
@@ -408,24 +415,27 @@ def render_markdown(rows: list, header: list) -> str:
     step = [r for r in rows if r["section"] == "step"]
     if step:
         out += ["## a. Training step: ours vs transformers LlamaForCausalLM (same weights)", "",
-                "| dims | threads | precision | ours ms | HF ms | ours/HF | ours/HF-fp32 | HF/HF-fp32 "
-                "| GFLOP/step | ours GFLOP/s | ours % matmul | HF % matmul | initial loss gap |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                "| dims | threads | precision | ours ms | HF ms | ours/HF | ours/HF paired | ours/HF-fp32 "
+                "| HF/HF-fp32 | GFLOP/step | ours GFLOP/s | ours % matmul | HF % matmul | initial loss gap |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         by = {(r["dims"], r["threads"], r["precision"], r["what"]): r for r in step}
         for (dims, threads, precision, impl), o in by.items():
             if impl != "ours":
                 continue
             h = by[(dims, threads, precision, "hf")]
             out.append(
-                f"| {dims} | {threads} | {precision} | {o['median_ms']:.1f} (±{o['iqr_pct']:.0f}%) "
-                f"| {h['median_ms']:.1f} (±{h['iqr_pct']:.0f}%) | **{o['vs_hf_same_precision']:.3f}** "
+                f"| {dims} | {threads} | {precision} | {ms_cell(o)} | {ms_cell(h)} "
+                f"| **{o['vs_hf_same_precision']:.3f}** | {o['vs_hf_same_precision_paired']:.3f} "
                 f"| {o['vs_hf_fp32']:.3f} | {h['vs_hf_fp32']:.3f} | {o['gflop']:.1f} | {o['gflops']:.1f} "
                 f"| {pct(o.get('matmul_share'))} | {pct(h.get('matmul_share'))} | {o['initial_loss_gap']:.1e} |")
         out += ["",
-                "Times are medians of the repetitions; (±x%) is the interquartile range over the median. "
+                "Times are medians of the repetitions; (±x%) is the interquartile range over the median; "
+                f"⚠ marks a spread over {NOISY_IQR_PCT}%: the machine was busy with other work then, and "
+                "that row's figures, ratios included, are not to be trusted. "
                 "All four candidates of a (dims, threads) block ran round-robin, order reversed every round. "
                 "Ratios are time ratios (< 1 = faster than the reference), taken from medians of this same run; "
-                "the CSV also has the median of per-round paired ratios (`*_paired`). "
+                "`paired` is the median of the per-round ratios (each pair timed back to back), the more robust "
+                "of the two when the machine's speed drifts; the CSV has it for every ratio (`*_paired`). "
                 "A step = set lr, forward (under `torch.autocast('cpu', bfloat16)` for bf16, fp32 master weights), "
                 "cross-entropy on fp32 logits vs the shifted targets (HF gets input_ids only; the loss is computed "
                 "outside it with the same expression as ours), backward, clip_grad_norm_(1.0), AdamW(wd 0.01), "
@@ -443,7 +453,7 @@ def render_markdown(rows: list, header: list) -> str:
     mm = [r for r in rows if r["section"] == "matmul"]
     if mm:
         out += ["## b. Matmul rate", "", "| matmul | precision | threads | ms | GFLOP/s |", "|---|---|---|---|---|"]
-        out += [f"| {r['what']} | {r['precision']} | {r['threads']} | {r['median_ms']:.2f} (±{r['iqr_pct']:.0f}%) "
+        out += [f"| {r['what']} | {r['precision']} | {r['threads']} | {ms_cell(r, '.2f')} "
                 f"| {r['gflops']:.1f} |" for r in mm]
         out += ["", "GFLOP/s = 2·n³ / median time; bf16 operands are bfloat16 tensors (what autocast feeds "
                 "the matmuls), fp32 accumulation as the library does it.", ""]
@@ -454,7 +464,7 @@ def render_markdown(rows: list, header: list) -> str:
                 "| operation | dims | MB | ms | MB/s | ÷ torch.save | ÷ dd fsync | ÷ same without mmap |",
                 "|---|---|---|---|---|---|---|---|"]
         for r in io:
-            out.append(f"| {r['what']} | {r['dims']} | {r['mb']:.0f} | {r['median_ms']:.1f} (±{r['iqr_pct']:.0f}%) "
+            out.append(f"| {r['what']} | {r['dims']} | {r['mb']:.0f} | {ms_cell(r)} "
                        f"| {r['mb_per_s']:.0f} | {fmt(r.get('vs_torch_save'), '.2f')} "
                        f"| {fmt(r.get('vs_dd_fsync'), '.2f')} | {fmt(r.get('vs_no_mmap'), '.3f')} |")
         out += ["",
@@ -465,7 +475,7 @@ def render_markdown(rows: list, header: list) -> str:
                 "All three ran round-robin. Before every timed write the old file is removed and "
                 "`os.sync()` flushes earlier writes (untimed), so no write pays for another's dirty pages. "
                 "Loads are `torch.load(map_location='cpu', weights_only=True[, mmap=True])` of the file just "
-                "written, so from a warm page cache; with mmap the bytes are read lazily, so `+read` also sums "
+                "written, so from a warm page cache, at 1 torch thread; with mmap the bytes are read lazily, so `+read` also sums "
                 "every tensor once (the cost a training step would then pay).", ""]
 
     dag = [r for r in rows if r["section"] == "dag"]
