@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: results test lint clean
+.PHONY: results test lint readme clean
 
 $(BIN)/.installed: requirements.txt requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,3 +24,7 @@ lint: $(BIN)/.installed
 
 clean:
 	rm -rf results .snakemake
+
+# copy the default run's results table into README.md
+readme: results
+	$(BIN)/python workflow/scripts/update_readme.py results/summary.md README.md

@@ -25,3 +25,4 @@ rule all:
     default_target: True
     input:
         rules.report.output,
+        rules.inference.output,

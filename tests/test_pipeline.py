@@ -155,3 +155,19 @@ def test_resolved_config_is_the_merged_overlay(pipeline):
     resolved = yaml.safe_load((pipeline / "config.resolved.yaml").read_text())
     assert resolved["steps"] == TINY["steps"] and resolved["model"] == TINY["model"]
     assert resolved["seed"] == 7 and resolved["lr"] == 3e-3  # untouched keys come from config.yaml
+
+
+def test_summary_table_is_what_the_readme_block_is_filled_with(pipeline, tmp_path):
+    from conftest import REPO, run_script
+
+    readme = tmp_path / "README.md"
+    readme.write_text((REPO / "README.md").read_text())
+    proc = run_script("update_readme.py", pipeline / "summary.md", readme)
+    assert proc.returncode == 0, proc.stderr
+    block = readme.read_text().split("<!-- results:start -->\n")[1].split("<!-- results:end -->")[0]
+    assert block == (pipeline / "summary.md").read_text()
+    fp16 = json.loads((pipeline / "fp16.json").read_text())
+    assert f"| {fp16['fp16_bytes']:,} |" in block
+    # the rest of the README is untouched
+    assert readme.read_text().replace(block, "") == (REPO / "README.md").read_text().replace(
+        (REPO / "README.md").read_text().split("<!-- results:start -->\n")[1].split("<!-- results:end -->")[0], "")

@@ -11,6 +11,7 @@ import yaml
 from conftest import REPO, TINY, copy_workflow, snakemake
 
 ARTIFACTS = ["straight.pth", "straight_log.csv", "resume.pth", "resumed.pth", "resumed_log.csv", "noopt.pth",
+             "summary.md", "inference/model.safetensors", "inference/config.json",
              "noskip.pth", "straight_fp16.pth", "fp16.json", "optim.json", "divergence.csv", "report.md"]
 
 
@@ -31,7 +32,7 @@ def test_dry_run_plans_every_artifact_once(fresh):
     proc = snakemake(fresh, "-n")
     jobs = planned_jobs(proc)
     expected = {"resolved_config", "tokenize", "straight", "resume", "resumed", "noopt", "noskip",
-                "fp16", "optim", "divergence", "report", "all"}
+                "fp16", "inference", "optim", "divergence", "report", "all"}
     assert expected <= jobs.keys() and all(jobs[r] == 1 for r in expected)
     for name in ARTIFACTS:
         assert f"results/{name}" in proc.stdout

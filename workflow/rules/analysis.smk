@@ -98,7 +98,8 @@ rule report:
         straight_log=rules.straight.output.log,
         resumed_log=rules.resumed.output.log,
     output:
-        f"{OUT}/report.md",
+        report=f"{OUT}/report.md",
+        summary=f"{OUT}/summary.md",
     log:
         f"{OUT}/logs/report.log",
     conda:
@@ -106,4 +107,4 @@ rule report:
     shell:
         "python {input.script} --config {input.config} --resume {input.resume}"
         " --divergence {input.divergence} --fp16 {input.fp16} --optim {input.optim}"
-        " --straight-log {input.straight_log} --resumed-log {input.resumed_log} --out {output} 2> {log}"
+        " --straight-log {input.straight_log} --resumed-log {input.resumed_log} --out {output.report} --summary {output.summary} 2> {log}"

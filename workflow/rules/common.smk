@@ -11,11 +11,12 @@ sys.path.insert(0, str(SCRIPTS))
 from mmkit.config import check_config
 from mmkit.errors import UserError
 
-validate(config, "../schemas/config.schema.yaml")
+# check_config applies the same schema first, to stop with one line naming the key
 try:
     check_config(config)
 except UserError as e:
     raise WorkflowError(str(e)) from None
+validate(config, "../schemas/config.schema.yaml")
 
 ENV = "../../environment.yml"  # the project's one environment, for --software-deployment-method conda
 OUT = config["outdir"]

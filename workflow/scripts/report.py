@@ -1,4 +1,5 @@
-"""report.md: what the resume file holds, what leaving a piece out does, what half precision changes."""
+"""report.md (what the resume file holds, what leaving a piece out does, what half precision changes)
+and summary.md, the same numbers as the README's results table."""
 
 import argparse
 import json
@@ -7,7 +8,7 @@ from pathlib import Path
 from mmkit.checkpoint import load_file, write_text_atomic
 from mmkit.config import load_config
 from mmkit.errors import run_cli
-from mmkit.report import read_divergence, render, tail_lines_equal
+from mmkit.report import read_divergence, render, summary_table, tail_lines_equal
 
 
 def main():
@@ -19,7 +20,8 @@ def main():
     p.add_argument("--optim", required=True)
     p.add_argument("--straight-log", required=True)
     p.add_argument("--resumed-log", required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="report.md")
+    p.add_argument("--summary", required=True, help="summary.md: the README's results table")
     args = p.parse_args()
 
     cfg = load_config(args.config)
@@ -31,14 +33,11 @@ def main():
         "params": optim["model_numel"],
         **{k: fingerprint[k] for k in ("torch", "device", "threads")},
     }
-    text = render(
-        env,
-        optim,
-        json.loads(Path(args.fp16).read_text()),
-        read_divergence(args.divergence),
-        tail_lines_equal(Path(args.straight_log).read_text(), Path(args.resumed_log).read_text()),
-    )
-    write_text_atomic(args.out, text)
+    fp16 = json.loads(Path(args.fp16).read_text())
+    divergence = read_divergence(args.divergence)
+    log_match = tail_lines_equal(Path(args.straight_log).read_text(), Path(args.resumed_log).read_text())
+    write_text_atomic(args.out, render(env, optim, fp16, divergence, log_match))
+    write_text_atomic(args.summary, summary_table(env, optim, fp16, divergence))
 
 
 if __name__ == "__main__":

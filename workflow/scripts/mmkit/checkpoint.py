@@ -8,6 +8,8 @@ Two kinds of file, kept apart as in MiniMind's lm_checkpoint:
 import os
 import pickle
 import re
+import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -65,22 +67,26 @@ def load_file(path, what: str = "checkpoint"):
     if path.stat().st_size == 0:
         raise UserError(f"{what} {path} is empty")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's own warnings about odd pickles would bury our one line
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        if "Weights only load failed" in str(e):
-            found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        if found:
             raise UserError(
-                f"{what} {path} holds Python objects other than tensors and plain data"
-                f"{f' ({found.group(1)})' if found else ''}; refusing to unpickle it (that could run code)"
+                f"{what} {path} holds Python objects other than tensors and plain data ({found.group(1)}); "
+                "refusing to unpickle it (that could run code)"
             ) from None
-        raise UserError(f"{what} {path} is not a torch checkpoint ({_first_line(e)})") from None
+        reason = re.search(r"WeightsUnpickler error: ([^\n]+)", str(e))
+        raise UserError(f"{what} {path} is not a torch checkpoint ({reason.group(1) if reason else _first_line(e)})") from None
     except Exception as e:  # zip, EOF, storage errors: a truncated or foreign file
         raise UserError(f"{what} {path} is truncated or not a torch checkpoint ({_first_line(e)})") from None
 
 
 def _first_line(e: Exception) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
+    """The first sentence of an exception's message: torch's go on for a paragraph."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return text.split(". ")[0].rstrip(".")
 
 
 def load_weights(path, model: torch.nn.Module, what: str = "weights file") -> dict:
@@ -147,6 +153,8 @@ def read_resume(path, fingerprint: dict, allow_mismatch: bool = False) -> dict:
             f"resume file {path} was made under other settings: {'; '.join(diffs)} "
             "(rerun with the same settings, or pass --allow-mismatch and lose bit-exactness)"
         )
+    if diffs:
+        print(f"warning: resuming despite {'; '.join(diffs)}: the result will not be bit-exact", file=sys.stderr)
     return state
 
 

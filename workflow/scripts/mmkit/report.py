@@ -121,3 +121,46 @@ def render(env: dict, optim: dict, fp16: dict, divergence: list[dict], log_match
         "",
     ]
     return "\n".join(lines)
+
+
+README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def summary_table(env: dict, optim: dict, fp16: dict, divergence: list[dict]) -> str:
+    """The README's results table: one row per claim, every value read from an artifact."""
+    rows = {r["variant"]: r for r in divergence}
+    lines = [
+        f"Default run: {env['params']:,} parameters, {env['steps']} steps, cut at {env['stop_at']}, "
+        f"torch {env['torch']} on {env['device']}, {env['threads']} thread(s), {env['precision']}.",
+        "",
+        "| variant | what the resume dropped | max \\|Δw\\| vs straight | rel. L2 Δw | mean / max \\|Δloss\\| after the cut | val loss |",
+        "|---|---|---|---|---|---|",
+    ]
+    dropped = {"resumed": "nothing", "noopt": "optimizer state", "noskip": "data position (generator)"}
+    for name, row in rows.items():
+        if name == "straight":
+            lines.append(f"| straight | (no interruption) | — | — | — | {row['val_loss']:.4f} |")
+            continue
+        lines.append(
+            f"| {name} | {dropped.get(name, name)} | {g(row['max_abs_dweight'])} | {g(row['rel_l2_dweight'])} | "
+            f"{g(row['mean_abs_loss_gap'])} / {g(row['max_abs_loss_gap'])} | {row['val_loss']:.4f} |"
+        )
+    lines += [
+        "",
+        f"| file | bytes | |\n|---|---|---|\n"
+        f"| straight.pth (fp32 weights) | {fp16['fp32_bytes']:,} | |\n"
+        f"| straight_fp16.pth | {fp16['fp16_bytes']:,} | {fp16['fp16_bytes'] / fp16['fp32_bytes']:.4f} × fp32; "
+        f"max \\|Δlogit\\| {g(fp16['max_logit_diff'])} |\n"
+        f"| resume.pth (weights + AdamW + step + generator) | {optim['resume_bytes']:,} | "
+        f"optimizer/weights elements = {optim['ratio']:.2f} |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def splice_readme(readme: str, table: str) -> str:
+    """README text with the block between the results markers replaced by TABLE."""
+    if README_START not in readme or README_END not in readme:
+        raise UserError(f"README has no {README_START} ... {README_END} block to fill")
+    head, rest = readme.split(README_START, 1)
+    tail = rest.split(README_END, 1)[1]
+    return f"{head}{README_START}\n{table}{README_END}{tail}"

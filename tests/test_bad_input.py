@@ -1,0 +1,220 @@
+"""Bad input: one clear line, a non-zero exit, no output written, and nothing of the user's damaged."""
+
+import io
+import pickle
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from conftest import SCRIPTS, clean_env, run_script, tiny_config
+
+
+def assert_refused(proc, *words, out=None):
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and proc.stderr.strip().endswith(errors[0]), proc.stderr
+    for w in words:
+        assert w in errors[0], errors[0]
+    if out is not None:
+        assert not out.exists() and not out.with_name(out.name + ".tmp").exists()
+
+
+def resume_from(tiny_run, resume, out, *extra, config=None):
+    return run_script("run.py", "--config", config or tiny_run["config"], "--tokens", tiny_run["tokens"],
+                      "--resume", resume, "--out", out, *extra)
+
+
+def write_config(tmp_path, name, **overrides):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(tiny_config(**overrides)))
+    return path
+
+
+# --- resume files that must not load ------------------------------------------------------------
+
+
+def test_missing_resume_file(tiny_run, tmp_path):
+    assert_refused(resume_from(tiny_run, tmp_path / "nope.pth", tmp_path / "o.pth"), "does not exist",
+                   out=tmp_path / "o.pth")
+
+
+def test_empty_resume_file(tiny_run, tmp_path):
+    (tmp_path / "empty.pth").write_bytes(b"")
+    assert_refused(resume_from(tiny_run, tmp_path / "empty.pth", tmp_path / "o.pth"), "is empty",
+                   out=tmp_path / "o.pth")
+
+
+def test_random_bytes(tiny_run, tmp_path):
+    (tmp_path / "noise.pth").write_bytes(np.random.default_rng(0).bytes(4096))
+    assert_refused(resume_from(tiny_run, tmp_path / "noise.pth", tmp_path / "o.pth"), "not a torch checkpoint",
+                   out=tmp_path / "o.pth")
+
+
+@pytest.mark.parametrize("fraction", [0.01, 0.3, 0.5, 0.9, 0.999])
+def test_truncated_resume_file(tiny_run, tmp_path, fraction):
+    data = tiny_run["resume"].read_bytes()
+    (tmp_path / "cut.pth").write_bytes(data[: int(len(data) * fraction)])
+    assert_refused(resume_from(tiny_run, tmp_path / "cut.pth", tmp_path / "o.pth"), "cut.pth",
+                   out=tmp_path / "o.pth")
+
+
+def test_zip_that_is_not_a_torch_file(tiny_run, tmp_path):
+    with zipfile.ZipFile(tmp_path / "other.pth", "w") as z:
+        z.writestr("hello.txt", "not a checkpoint")
+    assert_refused(resume_from(tiny_run, tmp_path / "other.pth", tmp_path / "o.pth"), "not a torch checkpoint",
+                   out=tmp_path / "o.pth")
+
+
+def test_bare_tensor_is_not_a_resume_file(tiny_run, tmp_path):
+    torch.save(torch.zeros(3), tmp_path / "tensor.pth")
+    assert_refused(resume_from(tiny_run, tmp_path / "tensor.pth", tmp_path / "o.pth"), "Tensor",
+                   out=tmp_path / "o.pth")
+
+
+@pytest.mark.parametrize("key", ["model", "optimizer", "step", "gen_state", "fingerprint"])
+def test_resume_file_missing_a_key(tiny_run, tmp_path, key):
+    state = torch.load(tiny_run["resume"], weights_only=True)
+    del state[key]
+    torch.save(state, tmp_path / "partial.pth")
+    assert_refused(resume_from(tiny_run, tmp_path / "partial.pth", tmp_path / "o.pth"), repr(key),
+                   out=tmp_path / "o.pth")
+
+
+class Payload:
+    """Unpickling this runs code: it writes a marker file."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_pickle_that_would_run_code_is_refused_and_never_runs(tiny_run, tmp_path):
+    marker = tmp_path / "pwned"
+    state = torch.load(tiny_run["resume"], weights_only=True)
+    state["step"] = Payload(marker)
+    torch.save(state, tmp_path / "evil.pth")
+    assert not marker.exists()
+    assert_refused(resume_from(tiny_run, tmp_path / "evil.pth", tmp_path / "o.pth"), "refusing to unpickle",
+                   out=tmp_path / "o.pth")
+    assert not marker.exists()  # the payload never ran
+
+
+def test_plain_pickle_file_is_refused(tiny_run, tmp_path):
+    marker = tmp_path / "pwned"
+    (tmp_path / "plain.pkl").write_bytes(pickle.dumps(Payload(marker)))
+    proc = resume_from(tiny_run, tmp_path / "plain.pkl", tmp_path / "o.pth")
+    assert_refused(proc, "plain.pkl", out=tmp_path / "o.pth")
+    assert not marker.exists()
+
+
+# --- resume files made under other settings -------------------------------------------------------
+
+
+def other_resume(tmp_path, tiny_run, name, **overrides):
+    cfg = write_config(tmp_path, f"{name}.yaml", **overrides)
+    out = tmp_path / f"{name}.pth"
+    proc = run_script("run.py", "--config", cfg, "--tokens", tiny_run["tokens"], "--stop-at", "2", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        ({"model": {"hidden_size": 32}}, "model.hidden_size 32 in the file, 64 now"),
+        ({"steps": 13}, "steps 13 in the file, 12 now"),
+        ({"threads": 2}, "threads 2 in the file, 1 now"),
+    ],
+)
+def test_resume_made_under_other_settings_is_refused_naming_the_difference(tiny_run, tmp_path, overrides, named):
+    resume = other_resume(tmp_path, tiny_run, "other", **overrides)
+    assert_refused(resume_from(tiny_run, resume, tmp_path / "o.pth"), named, "--allow-mismatch",
+                   out=tmp_path / "o.pth")
+
+
+def test_allow_mismatch_continues_and_says_bit_exactness_is_lost(tiny_run, tmp_path):
+    resume = other_resume(tmp_path, tiny_run, "other", steps=13)
+    proc = resume_from(tiny_run, resume, tmp_path / "o.pth", "--allow-mismatch")
+    assert proc.returncode == 0, proc.stderr
+    assert "not be bit-exact" in proc.stderr and (tmp_path / "o.pth").exists()
+
+
+def test_other_model_dims_even_with_override_name_the_shape(tiny_run, tmp_path):
+    resume = other_resume(tmp_path, tiny_run, "other", model={"hidden_size": 32})
+    assert_refused(resume_from(tiny_run, resume, tmp_path / "o.pth", "--allow-mismatch"), "shape",
+                   out=tmp_path / "o.pth")
+
+
+def test_failed_resume_leaves_an_existing_output_untouched(tiny_run, tmp_path):
+    out = tmp_path / "o.pth"
+    out.write_bytes(b"previous result")
+    (tmp_path / "empty.pth").write_bytes(b"")
+    assert resume_from(tiny_run, tmp_path / "empty.pth", out).returncode == 2
+    assert out.read_bytes() == b"previous result"
+
+
+# --- token files and corpora ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "array, words",
+    [
+        (np.full(1000, 600, dtype=np.uint16), "outside 0..511"),
+        (np.arange(10, dtype=np.uint16), "fewer than"),
+        (np.zeros((40, 40), dtype=np.uint16), "1-D integer"),
+        (np.zeros(1000, dtype=np.float32), "1-D integer"),
+    ],
+)
+def test_bad_token_file(tiny_run, tmp_path, array, words):
+    np.save(tmp_path / "tokens.npy", array)
+    proc = run_script("run.py", "--config", tiny_run["config"], "--tokens", tmp_path / "tokens.npy",
+                      "--out", tmp_path / "o.pth")
+    assert_refused(proc, words, out=tmp_path / "o.pth")
+
+
+def test_token_file_that_is_not_npy(tiny_run, tmp_path):
+    (tmp_path / "tokens.npy").write_text("hello")
+    proc = run_script("run.py", "--config", tiny_run["config"], "--tokens", tmp_path / "tokens.npy",
+                      "--out", tmp_path / "o.pth")
+    assert_refused(proc, "not a .npy", out=tmp_path / "o.pth")
+
+
+def prepare(tmp_path, corpus, env=None):
+    args = [sys.executable, str(SCRIPTS / "prepare_data.py"), "--corpus", str(corpus), "--vocab-size", "300",
+            "--val-fraction", "0.1", "--tokenizer", str(tmp_path / "tok.json"),
+            "--train", str(tmp_path / "train.npy"), "--val", str(tmp_path / "val.npy")]
+    return subprocess.run(args, capture_output=True, text=True, env=env or clean_env())
+
+
+def test_missing_corpus(tmp_path):
+    assert_refused(prepare(tmp_path, tmp_path / "nope.txt"), "does not exist", out=tmp_path / "train.npy")
+
+
+def test_jsonl_corpus_with_a_bad_line(tmp_path):
+    (tmp_path / "c.jsonl").write_text('{"text": "fine"}\n{"txt": "no"}\n')
+    assert_refused(prepare(tmp_path, tmp_path / "c.jsonl"), "line 2", out=tmp_path / "train.npy")
+
+
+def test_python_without_pydoc_data_says_what_to_change(tmp_path):
+    shadow = tmp_path / "shadow" / "pydoc_data"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("")  # a pydoc_data without topics, as a trimmed Python has
+    env = {**clean_env(), "PYTHONPATH": str(tmp_path / "shadow")}
+    assert_refused(prepare(tmp_path, "", env), "pydoc_data", "data.corpus", out=tmp_path / "train.npy")
+
+
+def test_jsonl_and_txt_corpora_build_token_files(tmp_path):
+    text = "The resume file holds the optimizer state. " * 200
+    for corpus in (tmp_path / "c.jsonl", tmp_path / "c.txt"):
+        corpus.write_text('{"text": "%s"}\n' % text if corpus.suffix == ".jsonl" else text)
+        proc = prepare(tmp_path, corpus)
+        assert proc.returncode == 0, proc.stderr
+        train, val = np.load(tmp_path / "train.npy"), np.load(tmp_path / "val.npy")
+        assert train.dtype == np.uint16 and val.dtype == np.uint16 and len(val) > 0 and train.max() < 300
