@@ -27,18 +27,23 @@ def write_atomic(path, write) -> None:
     """Call write(f) on PATH.tmp in the same directory, fsync it, rename it over PATH, fsync the directory.
 
     A crash at any moment leaves either the old PATH or the new one, never a mix; on error the
-    .tmp is removed and PATH is untouched.
+    .tmp is removed, PATH is untouched, and a failed write (disk full) is one UserError line.
     """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
+    out = None
     try:
         with open(tmp, "wb") as f:
-            write(f)
+            out = _Recorder(f)
+            write(out)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        failed = e if isinstance(e, OSError) else getattr(out, "error", None)
+        if failed is not None:
+            raise UserError(f"could not write {path}: {failed.strerror or failed}; the previous file is untouched") from None
         raise
     # the rename lives in the directory entry: without this it can be lost on power failure
     dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -46,6 +51,24 @@ def write_atomic(path, write) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+class _Recorder:
+    """A file's write(), remembering the OSError behind it: torch.save reports a failed write as a
+    bare 'unexpected pos' RuntimeError, and the user needs to hear 'No space left on device'."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data):
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def flush(self):
+        self.f.flush()
 
 
 def save_atomic(obj, path) -> None:

@@ -1,0 +1,176 @@
+"""A resume file holds at the moment a process dies: killed mid-save, out of disk, or killed under snakemake."""
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+from conftest import SCRIPTS, TINY, clean_env, copy_workflow, run_script, snakemake
+
+from mmkit.checkpoint import save_atomic
+from mmkit.errors import UserError
+
+def state_for(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"model": {f"w{i}": torch.randn(1024, 1024, generator=g) for i in range(10)}, "step": seed}
+
+
+# a child that builds a ~40 MB resume-like state from a seed, waits for "go", saves it, says "saved"
+CHILD = f"""
+import sys
+sys.path.insert(0, {str(SCRIPTS)!r})
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from mmkit.checkpoint import save_atomic
+from test_durability import state_for
+path, seed = sys.argv[1], int(sys.argv[2])
+state = state_for(seed)
+print("ready", flush=True)
+sys.stdin.readline()
+save_atomic(state, path)
+print("saved", flush=True)
+"""
+
+
+def start_saver(path, seed):
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(seed)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=clean_env())
+    assert child.stdout.readline().strip() == "ready"
+    return child
+
+
+def holds(path, seed) -> bool:
+    got, want = torch.load(path, weights_only=True), state_for(seed)
+    return got["step"] == want["step"] and all(torch.equal(got["model"][k], want["model"][k]) for k in want["model"])
+
+
+def test_sigkill_at_any_moment_of_a_save_leaves_a_whole_resume_file(tmp_path):
+    path = tmp_path / "resume.pth"
+    save_atomic(state_for(0), path)
+    # how long one save takes here, so the kills can be spread across it
+    child = start_saver(tmp_path / "timing.pth", 99)
+    t0 = time.perf_counter()
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    assert child.stdout.readline().strip() == "saved"
+    duration = time.perf_counter() - t0
+    child.wait()
+
+    committed, kills, mid_write = 0, 24, 0
+    for i in range(kills):
+        seed = i + 1
+        child = start_saver(path, seed)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        time.sleep(duration * 1.2 * i / (kills - 1))
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        mid_write += path.with_name("resume.pth.tmp").exists()
+        # the file is whole: the old state or the new one, never a mix, and weights_only loads it
+        if holds(path, seed):
+            committed = seed
+        else:
+            assert holds(path, committed), f"kill {i}: resume.pth is neither the old nor the new state"
+    print(f"\n{kills} kills over a {duration * 1000:.0f} ms save: {mid_write} left a .tmp, "
+          f"resume.pth whole after all {kills}")
+    assert mid_write > 0  # some kills really landed inside the save
+
+    # the next save writes over any stale .tmp and commits
+    save_atomic(state_for(1000), path)
+    assert holds(path, 1000) and not path.with_name("resume.pth.tmp").exists()
+
+
+def test_a_stale_tmp_is_never_loaded(tiny_run, tmp_path):
+    resume = tmp_path / "resume.pth"
+    resume.write_bytes(tiny_run["resume"].read_bytes())
+    (tmp_path / "resume.pth.tmp").write_bytes(b"half a checkpoint")
+    proc = run_script("run.py", "--config", tiny_run["config"], "--tokens", tiny_run["tokens"],
+                      "--resume", resume, "--out", tmp_path / "out.pth")
+    assert proc.returncode == 0, proc.stderr
+    assert torch.load(tmp_path / "out.pth", weights_only=True).keys()
+
+
+def test_disk_full_during_save_is_one_clear_error_and_the_previous_file_survives(tmp_path, monkeypatch):
+    path = tmp_path / "resume.pth"
+    save_atomic(state_for(0), path)
+
+    class FullDisk:
+        """A file whose writes fail past 1 MB, as a full disk's do."""
+
+        def __init__(self, f):
+            self.f, self.n = f, 0
+
+        def write(self, data):
+            self.n += len(data)
+            if self.n > 1 << 20:
+                raise OSError(28, "No space left on device")
+            return self.f.write(data)
+
+        def flush(self):
+            self.f.flush()
+
+    import mmkit.checkpoint as ck
+
+    monkeypatch.setattr(ck, "_Recorder", lambda f, R=ck._Recorder: R(FullDisk(f)))
+    with pytest.raises(UserError, match="No space left on device; the previous file is untouched"):
+        save_atomic(state_for(1), path)
+    assert holds(path, 0) and not path.with_name("resume.pth.tmp").exists()
+
+
+def test_file_too_large_in_a_real_process_exits_with_one_line(tiny_run, tmp_path):
+    """A real failing write: the child may write at most 64 KB per file (RLIMIT_FSIZE)."""
+    out = tmp_path / "resume.pth"
+    out.write_bytes(b"the previous resume file")
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG from write() instead of dying
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
+
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "run.py"), "--config", str(tiny_run["config"]),
+         "--tokens", str(tiny_run["tokens"]), "--stop-at", "2", "--out", str(out)],
+        capture_output=True, text=True, env=clean_env(), preexec_fn=limit,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: could not write {out}: File too large; the previous file is untouched")
+    assert out.read_bytes() == b"the previous resume file"
+    assert not out.with_name("resume.pth.tmp").exists()
+
+
+def test_killed_snakemake_job_is_rebuilt_alone_with_the_same_bits(tmp_path):
+    work = copy_workflow(tmp_path / "wf")
+    slow = {**TINY, "steps": 300, "stop_at": 150, "outdir": "results"}  # long enough to be killed mid-run
+    (work / "tiny.yaml").write_text(yaml.safe_dump(slow))
+    snakemake(work, "results/data/train.npy", "results/config.resolved.yaml")
+
+    cmd = [sys.executable, "-m", "snakemake", "--cores", "1", "results/straight.pth",
+           "--configfile", "config.yaml", "tiny.yaml"]
+    job = subprocess.Popen(cmd, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env=clean_env(), start_new_session=True)
+    log = work / "results" / "logs" / "straight.log"
+    deadline = time.monotonic() + 120
+    while not (log.exists() and "step   20/" in log.read_text()):
+        assert time.monotonic() < deadline and job.poll() is None, "the training job never got going"
+        time.sleep(0.05)
+    os.killpg(job.pid, signal.SIGKILL)  # snakemake and its job, as a lost machine would
+    job.wait()
+    results = work / "results"
+    assert not (results / "straight.pth").exists() and not list(results.rglob("*.tmp"))
+
+    snakemake(work, "--unlock")  # the killed snakemake could not release its lock
+    plan = snakemake(work, "-n", "--rerun-incomplete", "results/straight.pth").stdout
+    assert "straight" in plan and "tokenize" not in plan.split("Job stats:")[1]
+    snakemake(work, "--rerun-incomplete", "results/straight.pth")
+
+    # the same bits as an uninterrupted run of the same job
+    ref = tmp_path / "reference.pth"
+    proc = run_script("run.py", "--config", results / "config.resolved.yaml", "--tokens",
+                      results / "data" / "train.npy", "--out", ref)
+    assert proc.returncode == 0, proc.stderr
+    a, b = torch.load(results / "straight.pth", weights_only=True), torch.load(ref, weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
