@@ -15,9 +15,21 @@ rule fp16:
         f"{OUT}/logs/fp16.log",
     conda:
         ENV
+    params:
+        dtype="fp16",
     shell:
         "python {input.script} --config {input.config} --weights {input.weights} --val {input.val}"
-        " --dtype fp16 --out {output.weights} --json {output.json} 2> {log}"
+        " --dtype {params.dtype} --out {output.weights} --json {output.json} 2> {log}"
+
+
+use rule fp16 as bf16 with:
+    output:
+        weights=f"{OUT}/straight_bf16.pth",
+        json=f"{OUT}/bf16.json",
+    log:
+        f"{OUT}/logs/bf16.log",
+    params:
+        dtype="bf16",
 
 
 rule inference:
@@ -55,7 +67,9 @@ rule optim:
         "python {input.script} --resume {input.resume} --json {output} 2> {log}"
 
 
-VARIANTS = ["resumed", "noopt", "noskip"]
+# every resumed variant, compared with the straight run (resumed is the control)
+VARIANTS = ["resumed", "noopt", "noskip", "nosched", "halfresume"]
+TRAINING_RUNS = ["straight", "resume"] + VARIANTS
 
 
 rule divergence:
@@ -64,7 +78,8 @@ rule divergence:
         script=SCRIPTS / "divergence.py",
         config=RESOLVED_CONFIG,
         val=VAL_TOKENS,
-        straight=rules.straight.output,
+        straight=rules.straight.output.weights,
+        straight_log=rules.straight.output.log,
         variants=expand(
             "{out}/{variant}{suffix}",
             out=OUT,
@@ -72,7 +87,11 @@ rule divergence:
             suffix=[".pth", "_log.csv"],
         ),
     output:
-        f"{OUT}/divergence.csv",
+        report(
+            f"{OUT}/divergence.csv",
+            caption="../report/divergence.rst",
+            category="Divergence",
+        ),
     log:
         f"{OUT}/logs/divergence.log",
     conda:
@@ -82,8 +101,33 @@ rule divergence:
             f"--variant {v} {OUT}/{v}.pth {OUT}/{v}_log.csv" for v in VARIANTS
         ),
     shell:
-        "python {input.script} --config {input.config} --val {input.val} --straight {input.straight}"
-        " {params.variants} --csv {output} 2> {log}"
+        "python {input.script} --config {input.config} --val {input.val}"
+        " --straight {input.straight} {input.straight_log} {params.variants} --csv {output} 2> {log}"
+
+
+rule plots:
+    input:
+        code=package("report"),
+        script=SCRIPTS / "plots.py",
+        logs=expand("{out}/{run}_log.csv", out=OUT, run=TRAINING_RUNS),
+    output:
+        loss=report(
+            f"{OUT}/plots/loss.png", caption="../report/loss.rst", category="Plots"
+        ),
+        gap=report(
+            f"{OUT}/plots/loss_gap.png",
+            caption="../report/loss_gap.rst",
+            category="Plots",
+        ),
+    log:
+        f"{OUT}/logs/plots.log",
+    conda:
+        ENV
+    params:
+        stop_at=config["stop_at"],
+    shell:
+        "python {input.script} --logs {input.logs} --stop-at {params.stop_at}"
+        " --loss {output.loss} --gap {output.gap} 2> {log}"
 
 
 rule report:
@@ -94,11 +138,16 @@ rule report:
         resume=rules.resume.output.resume,
         divergence=rules.divergence.output,
         fp16=rules.fp16.output.json,
+        bf16=rules.bf16.output.json,
         optim=rules.optim.output,
         straight_log=rules.straight.output.log,
         resumed_log=rules.resumed.output.log,
+        plots=rules.plots.output,
+        timing=expand("{out}/timing/{run}.json", out=OUT, run=TRAINING_RUNS),
     output:
-        report=f"{OUT}/report.md",
+        report=report(
+            f"{OUT}/report.md", caption="../report/report.rst", category="Report"
+        ),
         summary=f"{OUT}/summary.md",
     log:
         f"{OUT}/logs/report.log",
@@ -106,5 +155,7 @@ rule report:
         ENV
     shell:
         "python {input.script} --config {input.config} --resume {input.resume}"
-        " --divergence {input.divergence} --fp16 {input.fp16} --optim {input.optim}"
-        " --straight-log {input.straight_log} --resumed-log {input.resumed_log} --out {output.report} --summary {output.summary} 2> {log}"
+        " --divergence {input.divergence} --fp16 {input.fp16} --bf16 {input.bf16} --optim {input.optim}"
+        " --straight-log {input.straight_log} --resumed-log {input.resumed_log}"
+        " --plots {input.plots} --timing {input.timing}"
+        " --out {output.report} --summary {output.summary} 2> {log}"

@@ -12,6 +12,7 @@ rule straight:
     output:
         weights=f"{OUT}/straight.pth",
         log=f"{OUT}/straight_log.csv",
+        timing=f"{OUT}/timing/straight.json",
     log:
         f"{OUT}/logs/straight.log",
     conda:
@@ -19,7 +20,7 @@ rule straight:
     threads: config["threads"]
     shell:
         "python {input.script} --config {input.config} --tokens {input.tokens}"
-        " --out {output.weights} --log {output.log} 2> {log}"
+        " --out {output.weights} --log {output.log} --timing {output.timing} 2> {log}"
 
 
 rule resume:
@@ -31,6 +32,7 @@ rule resume:
     output:
         resume=f"{OUT}/resume.pth",
         log=f"{OUT}/resume_log.csv",
+        timing=f"{OUT}/timing/resume.json",
     log:
         f"{OUT}/logs/resume.log",
     conda:
@@ -40,7 +42,7 @@ rule resume:
         stop_at=config["stop_at"],
     shell:
         "python {input.script} --config {input.config} --tokens {input.tokens} --stop-at {params.stop_at}"
-        " --out {output.resume} --log {output.log} 2> {log}"
+        " --out {output.resume} --log {output.log} --timing {output.timing} 2> {log}"
 
 
 rule resumed:
@@ -53,6 +55,7 @@ rule resumed:
     output:
         weights=f"{OUT}/resumed.pth",
         log=f"{OUT}/resumed_log.csv",
+        timing=f"{OUT}/timing/resumed.json",
     log:
         f"{OUT}/logs/resumed.log",
     conda:
@@ -62,16 +65,17 @@ rule resumed:
         ablation="",
     shell:
         "python {input.script} --config {input.config} --tokens {input.tokens} --resume {input.resume}"
-        " {params.ablation} --out {output.weights} --log {output.log} 2> {log}"
+        " {params.ablation} --out {output.weights} --log {output.log} --timing {output.timing} 2> {log}"
 
 
-# the two ablations: resume with one piece of the resume file thrown away
+# The ablations: resume with one piece of the resume file thrown away or damaged.
 
 
 use rule resumed as noopt with:
     output:
         weights=f"{OUT}/noopt.pth",
         log=f"{OUT}/noopt_log.csv",
+        timing=f"{OUT}/timing/noopt.json",
     log:
         f"{OUT}/logs/noopt.log",
     params:
@@ -82,7 +86,49 @@ use rule resumed as noskip with:
     output:
         weights=f"{OUT}/noskip.pth",
         log=f"{OUT}/noskip_log.csv",
+        timing=f"{OUT}/timing/noskip.json",
     log:
         f"{OUT}/logs/noskip.log",
     params:
         ablation="--no-skip",
+
+
+use rule resumed as nosched with:
+    output:
+        weights=f"{OUT}/nosched.pth",
+        log=f"{OUT}/nosched_log.csv",
+        timing=f"{OUT}/timing/nosched.json",
+    log:
+        f"{OUT}/logs/nosched.log",
+    params:
+        ablation="--restart-schedule",
+
+
+rule resume_fp16:
+    input:
+        code=package("checkpoint"),
+        script=SCRIPTS / "halve_resume.py",
+        resume=rules.resume.output.resume,
+    output:
+        f"{OUT}/resume_fp16.pth",
+    log:
+        f"{OUT}/logs/resume_fp16.log",
+    conda:
+        ENV
+    shell:
+        "python {input.script} --resume {input.resume} --out {output} 2> {log}"
+
+
+use rule resumed as halfresume with:
+    input:
+        code=TRAINING_CODE,
+        script=RUN,
+        config=RESOLVED_CONFIG,
+        tokens=TRAIN_TOKENS,
+        resume=rules.resume_fp16.output,
+    output:
+        weights=f"{OUT}/halfresume.pth",
+        log=f"{OUT}/halfresume_log.csv",
+        timing=f"{OUT}/timing/halfresume.json",
+    log:
+        f"{OUT}/logs/halfresume.log",

@@ -3,6 +3,7 @@ and summary.md, the same numbers as the README's results table."""
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from mmkit.checkpoint import load_file, write_text_atomic
@@ -17,27 +18,40 @@ def main():
     p.add_argument("--resume", required=True, help="resume file (its fingerprint names torch, device, threads)")
     p.add_argument("--divergence", required=True)
     p.add_argument("--fp16", required=True)
+    p.add_argument("--bf16", required=True)
     p.add_argument("--optim", required=True)
     p.add_argument("--straight-log", required=True)
     p.add_argument("--resumed-log", required=True)
+    p.add_argument("--plots", nargs=2, required=True, metavar=("LOSS_PNG", "GAP_PNG"))
+    p.add_argument("--timing", nargs="+", required=True, help="timing/RUN.json of every training job")
     p.add_argument("--out", required=True, help="report.md")
     p.add_argument("--summary", required=True, help="summary.md: the README's results table")
     args = p.parse_args()
 
     cfg = load_config(args.config)
     fingerprint = load_file(args.resume, "resume file")["fingerprint"]
-    optim = json.loads(Path(args.optim).read_text())
+    optim = read_json(args.optim)
+    timing = {Path(f).stem: read_json(f)["train_seconds"] for f in args.timing}
+    longest = max(timing, key=timing.get)
     env = {
         **{k: getattr(cfg, k) for k in ("seed", "batch_size", "seq_len", "lr", "steps", "stop_at", "precision")},
         "model": cfg.model.to_dict(),
         "params": optim["model_numel"],
         **{k: fingerprint[k] for k in ("torch", "device", "threads")},
+        "jobs": len(timing), "train_seconds": sum(timing.values()),
+        "longest_job": longest, "longest_seconds": timing[longest],
     }
-    fp16 = json.loads(Path(args.fp16).read_text())
+    halves = {"fp16": read_json(args.fp16), "bf16": read_json(args.bf16)}
     divergence = read_divergence(args.divergence)
     log_match = tail_lines_equal(Path(args.straight_log).read_text(), Path(args.resumed_log).read_text())
-    write_text_atomic(args.out, render(env, optim, fp16, divergence, log_match))
-    write_text_atomic(args.summary, summary_table(env, optim, fp16, divergence))
+    # the report links its pictures relative to itself, so the results folder can move as a whole
+    plots = {k: os.path.relpath(v, Path(args.out).parent) for k, v in zip(("loss", "gap"), args.plots)}
+    write_text_atomic(args.out, render(env, optim, halves, divergence, log_match, plots))
+    write_text_atomic(args.summary, summary_table(env, optim, halves["fp16"], divergence))
+
+
+def read_json(path):
+    return json.loads(Path(path).read_text())
 
 
 if __name__ == "__main__":

@@ -2,10 +2,12 @@
 
   run.py --config C --tokens T --out straight.pth --log straight_log.csv
   run.py --config C --tokens T --out resume.pth --stop-at 30            # OUT is then the resume file
-  run.py --config C --tokens T --out resumed.pth --log L --resume resume.pth [--no-optim] [--no-skip]
+  run.py --config C --tokens T --out resumed.pth --log L --resume resume.pth [--no-optim|--no-skip|--restart-schedule]
 """
 
 import argparse
+import json
+import time
 
 from mmkit.checkpoint import read_resume, resume_state, save_atomic, write_text_atomic, check_fits
 from mmkit.config import load_config
@@ -24,10 +26,12 @@ def main():
     p.add_argument("--resume", help="continue from this resume file")
     p.add_argument("--no-optim", action="store_true", help="ablation: start AdamW afresh on resume")
     p.add_argument("--no-skip", action="store_true", help="ablation: re-seed the batch generator on resume")
+    p.add_argument("--restart-schedule", action="store_true", help="ablation: count the LR schedule from 0 on resume")
+    p.add_argument("--timing", help="JSON with this run's steps and wall time")
     p.add_argument("--allow-mismatch", action="store_true", help="resume despite other settings (not bit-exact)")
     args = p.parse_args()
-    if (args.no_optim or args.no_skip) and not args.resume:
-        raise UserError("--no-optim and --no-skip only make sense with --resume")
+    if (args.no_optim or args.no_skip or args.restart_schedule) and not args.resume:
+        raise UserError("--no-optim, --no-skip and --restart-schedule only make sense with --resume")
 
     cfg = load_config(args.config)
     device = make_deterministic(cfg)
@@ -55,8 +59,11 @@ def main():
     if not first_step <= last_step <= cfg.steps:
         raise UserError(f"nothing to train: steps {first_step}..{last_step} of {cfg.steps}")
 
+    t0 = time.perf_counter()
+    offset = first_step - 1 if args.restart_schedule else 0
     rows = [f"{step},{loss:.6f}" for step, loss in
-            train(cfg, device, model, optimizer, batch_generator, tokens, first_step, last_step)]
+            train(cfg, device, model, optimizer, batch_generator, tokens, first_step, last_step, offset)]
+    seconds = time.perf_counter() - t0
 
     if args.stop_at:
         save_atomic(resume_state(model, optimizer, last_step, batch_generator, fp), args.out)
@@ -64,6 +71,10 @@ def main():
         save_atomic(model.state_dict(), args.out)
     if args.log:
         write_text_atomic(args.log, "step,train_loss\n" + "\n".join(rows) + "\n")
+    if args.timing:
+        timing = {"first_step": first_step, "last_step": last_step, "train_seconds": seconds,
+                  "threads": cfg.threads, "device": device, "precision": cfg.precision}
+        write_text_atomic(args.timing, json.dumps(timing, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """report.md from the artifacts: every number below is read from a file the workflow made."""
 
 import csv
+import math
 
 from .errors import UserError
 
@@ -11,7 +12,7 @@ DIVERGENCE_COLUMNS = [
 
 # what each resumed variant threw away, and why that matters (Korean, as the report)
 VARIANTS = {
-    "resumed": ("없음 (대조군)", "재개 파일의 모든 상태를 복원했으므로 한 번에 학습한 결과와 같아야 한다."),
+    "resumed": ("없음 (대조군)", "재개 파일의 모든 상태를 복원했으므로 한 번에 학습한 결과와 비트 단위로 같다."),
     "noopt": (
         "옵티마이저 상태",
         "AdamW는 매개변수마다 두 모멘트(exp_avg, exp_avg_sq)를 기억한다. 이것이 0에서 다시 시작하면 "
@@ -20,7 +21,17 @@ VARIANTS = {
     "noskip": (
         "배치 생성기 상태",
         "생성기를 처음 시드로 되돌리면 재개 첫 스텝이 1스텝의 배치를 다시 본다. 앞부분은 두 번 보고 "
-        "뒷부분은 보지 못한다 — MiniMind의 SkipBatchSampler가 막는 일이다.",
+        "뒷부분은 보지 못한다 — MiniMind의 SkipBatchSampler가 막는 일이다 (nanoGPT의 재개가 이렇다).",
+    ),
+    "nosched": (
+        "스텝 번호 (학습률 일정)",
+        "학습률 코사인을 재개 지점에서 0부터 다시 세면, 이미 내려간 학습률이 최고점으로 되돌아가 "
+        "재개 직후 큰 보폭으로 움직인다 (torchtitan에 한때 있던 버그).",
+    ),
+    "halfresume": (
+        "가중치의 fp32 정밀도",
+        "재개 파일의 가중치를 fp16으로 저장하면(최근 MiniMind의 lm_checkpoint) 반올림 오차가 남고, "
+        "옵티마이저와 생성기가 온전해도 결과는 비트 단위로 같지 않다. 차이는 작지만 0이 아니다.",
     ),
 }
 
@@ -50,22 +61,36 @@ def tail_lines_equal(straight_log: str, resumed_log: str) -> tuple[int, int]:
     return sum(ref.get(line.split(",")[0]) == line for line in lines), len(lines)
 
 
+def decimal_place(x: float) -> str:
+    """Which decimal a difference first shows in, in Korean: 0.0022 -> '소수점 셋째 자리'."""
+    if x <= 0:
+        return "어느 자리도"
+    k = max(1, -math.floor(math.log10(x)))
+    ordinals = ["첫째", "둘째", "셋째", "넷째", "다섯째", "여섯째", "일곱째", "여덟째"]
+    return f"소수점 {ordinals[k - 1] if k <= len(ordinals) else f'{k}번째'} 자리"
+
+
 def g(x: float) -> str:
     return "0" if x == 0 else f"{x:.3g}" if abs(x) >= 1e-3 else f"{x:.2e}"
 
 
-def render(env: dict, optim: dict, fp16: dict, divergence: list[dict], log_match: tuple[int, int]) -> str:
+def render(env: dict, optim: dict, halves: dict, divergence: list[dict], log_match: tuple[int, int],
+           plots: dict) -> str:
     rows = {r["variant"]: r for r in divergence}
     resumed = rows["resumed"]
+    fp16, bf16 = halves["fp16"], halves["bf16"]
     same, total = log_match
     weight_ratio = optim["resume_bytes"] / fp16["fp32_bytes"]
     lines = [
         "# 중단 후 재개는 한 번에 학습한 것과 같은가 — 재개 파일에 무엇을 넣나",
         "",
-        f"MiniMind2 구조 ({env['params']:,} 매개변수, hidden {env['model']['hidden_size']}, "
-        f"{env['model']['num_hidden_layers']}층), 시드 {env['seed']}, 배치 {env['batch_size']}, "
-        f"길이 {env['seq_len']}, lr {env['lr']}, 총 {env['steps']} 스텝, {env['stop_at']} 스텝에서 중단. "
-        f"torch {env['torch']}, {env['device']}, 스레드 {env['threads']}, 정밀도 {env['precision']}.",
+        f"MiniMind2 구조 ({env['params']:,} 매개변수: hidden {env['model']['hidden_size']}, "
+        f"{env['model']['num_hidden_layers']}층, 헤드 {env['model']['num_attention_heads']}/"
+        f"KV {env['model']['num_key_value_heads']}, 어휘 {env['model']['vocab_size']}), 시드 {env['seed']}, "
+        f"배치 {env['batch_size']}, 길이 {env['seq_len']}, lr {env['lr']}, 총 {env['steps']} 스텝, "
+        f"{env['stop_at']} 스텝에서 중단. 환경: torch {env['torch']}, {env['device']}, 스레드 {env['threads']}, "
+        f"정밀도 {env['precision']}. 학습 작업 {env['jobs']}개의 학습 시간 합계 {env['train_seconds']:.1f}초 "
+        f"(가장 긴 작업 {env['longest_job']}: {env['longest_seconds']:.1f}초).",
         "",
         "## 무엇을 저장하나",
         "",
@@ -85,39 +110,55 @@ def render(env: dict, optim: dict, fp16: dict, divergence: list[dict], log_match
         "",
         "## 빠뜨리면",
         "",
-        "재개 파일에서 한 가지만 버리고 이어서 학습하면, 오류 없이 다른 모델이 나온다.",
+        "재개 파일에서 한 가지만 버리거나 망가뜨리고 이어서 학습하면, 오류 없이 다른 모델이 나온다. "
+        f"표의 값은 모두 `divergence.csv`에서 왔다 (손실 차는 {env['stop_at']} 스텝 이후의 학습 손실).",
         "",
-        "| 변형 | 버린 것 | 최대 \\|Δ가중치\\| | 상대 L2 | 중단 후 손실 차 평균 / 최대 | 검증 손실 (차) |",
-        "|---|---|---|---|---|---|",
+        "| 변형 | 버린 것 | 최대 \\|Δw\\| | 상대 L2 ‖Δw‖/‖w‖ | 다른 텐서 | 마지막 학습 손실 | 검증 손실 (차) "
+        "| 손실 차 평균 / 최대 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, row in rows.items():
-        if name == "straight":
-            continue
-        dropped = VARIANTS.get(name, ("?", ""))[0]
+        dropped = "— (기준)" if name == "straight" else VARIANTS.get(name, ("?", ""))[0]
         lines.append(
             f"| {name} | {dropped} | {g(row['max_abs_dweight'])} | {g(row['rel_l2_dweight'])} | "
-            f"{g(row['mean_abs_loss_gap'])} / {g(row['max_abs_loss_gap'])} | "
-            f"{row['val_loss']:.4f} ({row['val_loss_gap']:+.2g}) |"
+            f"{int(row['tensors_differing'])} | {row['final_train_loss']:.6f} | "
+            f"{row['val_loss']:.4f} ({row['val_loss_gap']:+.2g}) | "
+            f"{g(row['mean_abs_loss_gap'])} / {g(row['max_abs_loss_gap'])} |"
         )
-    lines.append(f"| straight | — | — | — | — | {rows['straight']['val_loss']:.4f} |")
     lines.append("")
     for name in rows:
-        if name in VARIANTS and name != "resumed":
+        if name in VARIANTS:
             lines.append(f"- **{name}**: {VARIANTS[name][1]}")
-    half_ratio = fp16["fp16_bytes"] / fp16["fp32_bytes"]
+    lines += [
+        "",
+        f"![모든 실행의 학습 손실]({plots['loss']})",
+        "",
+        f"![중단 이후 straight와의 손실 차 (로그 축)]({plots['gap']})",
+    ]
     lines += [
         "",
         "## 반정밀도",
         "",
         f"`straight.pth`의 모든 텐서를 float16으로 바꿔 `straight_fp16.pth`로 저장했다(임베딩과 lm_head는 "
         f"한 텐서로 묶인 채). 파일 크기 {fp16['fp32_bytes']:,} → **{fp16['fp16_bytes']:,}** 바이트"
-        f"({half_ratio:.4f}배, 이름 등 텐서 밖의 내용 때문에 정확히 절반은 아니다). fp32 모델에 다시 "
-        f"펼쳐 넣었을 때 검증 토큰 앞 {fp16['tokens']}개의 logits 최대 절대 차이는 {g(fp16['max_logit_diff'])}로, "
-        "소수점 셋째 자리 부근이 바뀐다.",
+        f"({fp16['fp16_bytes'] / fp16['fp32_bytes']:.4f}배, 이름 등 텐서 밖의 내용 때문에 정확히 절반은 아니다). "
+        f"fp32 모델에 다시 펼쳐 넣었을 때 검증 토큰 앞 {fp16['tokens']}개의 logits 최대 절대 차이는 "
+        f"{g(fp16['max_logit_diff'])}로, {decimal_place(fp16['max_logit_diff'])} 부근이 바뀐다.",
         "",
-        "추론용 가중치는 `straight_fp16.pth`(state_dict만, 반정밀도, 작게)이고, 재개용은 `resume.pth`"
-        "(fp32 가중치+옵티마이저+스텝+생성기 상태)이다 — 반정밀도 가중치에서 재개하면 비트 단위 일치가 깨지므로 "
-        "두 파일을 따로 둔다.",
+        "| 형식 | 파일 | 바이트 | fp32 대비 | 최대 \\|Δlogit\\| |",
+        "|---|---|---|---|---|",
+        f"| fp32 | `straight.pth` | {fp16['fp32_bytes']:,} | 1 | 0 |",
+        f"| fp16 | `straight_fp16.pth` | {fp16['fp16_bytes']:,} | {fp16['fp16_bytes'] / fp16['fp32_bytes']:.4f} "
+        f"| {g(fp16['max_logit_diff'])} |",
+        f"| bf16 | `straight_bf16.pth` | {bf16['bf16_bytes']:,} | {bf16['bf16_bytes'] / bf16['fp32_bytes']:.4f} "
+        f"| {g(bf16['max_logit_diff'])} |",
+        "",
+        "bf16은 fp16보다 지수 범위가 넓지만 가수가 7비트(fp16은 10비트)라서 logits가 "
+        + ("더 많이 바뀐다." if bf16["max_logit_diff"] > fp16["max_logit_diff"] else "이번에는 덜 바뀌었다."),
+        "",
+        "추론용 가중치는 `inference/model.safetensors`(fp16, config.json과 함께 transformers가 바로 읽음)와 "
+        "`straight_fp16.pth`이고, 재개용은 `resume.pth`(fp32 가중치+옵티마이저+스텝+생성기 상태)이다 — "
+        "반정밀도 가중치에서 재개하면(halfresume) 비트 단위 일치가 깨지므로 두 파일을 따로 둔다.",
         "",
     ]
     return "\n".join(lines)

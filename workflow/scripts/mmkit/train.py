@@ -79,12 +79,17 @@ def autocast(cfg: RunConfig, device: str):
     return contextlib.nullcontext()
 
 
-def train(cfg: RunConfig, device, model, optimizer, batch_generator, tokens, first_step: int, last_step: int):
-    """Optimizer steps first_step..last_step (1-based, inclusive); yields (step, loss) after each."""
+def train(cfg: RunConfig, device, model, optimizer, batch_generator, tokens, first_step: int, last_step: int,
+          schedule_offset: int = 0):
+    """Optimizer steps first_step..last_step (1-based, inclusive); yields (step, loss) after each.
+
+    schedule_offset > 0 reproduces a known bug (the LR schedule counted from 0 again on resume):
+    only the nosched ablation sets it.
+    """
     model.train()
     for step in range(first_step, last_step + 1):
         t0 = time.perf_counter()
-        lr = lr_at(step, cfg.steps, cfg.lr)
+        lr = lr_at(step - schedule_offset, cfg.steps, cfg.lr)
         for group in optimizer.param_groups:
             group["lr"] = lr
         x, y = get_batch(tokens, cfg.batch_size, cfg.seq_len, batch_generator)

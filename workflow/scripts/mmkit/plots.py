@@ -1,0 +1,52 @@
+"""The two pictures of the report: every run's loss, and how far each resumed variant drifts."""
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+STYLE = {
+    "straight": dict(color="black", lw=2.5, label="straight (60 steps in one process)"),
+    "resume": dict(color="grey", lw=1, ls=":", label="resume (stopped at the cut)"),
+    "resumed": dict(color="tab:green", lw=1.5, ls="--", zorder=5, label="resumed (full resume file)"),
+    "noopt": dict(color="tab:red", lw=1.2, label="noopt (optimizer state dropped)"),
+    "noskip": dict(color="tab:orange", lw=1.2, label="noskip (batch generator re-seeded)"),
+    "nosched": dict(color="tab:purple", lw=1.2, label="nosched (LR schedule restarted)"),
+    "halfresume": dict(color="tab:blue", lw=1.2, label="halfresume (fp16 weights in the resume file)"),
+}
+
+
+def plot_losses(losses: dict[str, dict[int, float]], stop_at: int, path) -> None:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, log in losses.items():
+        ax.plot(list(log), list(log.values()), **STYLE.get(name, dict(label=name)))
+    ax.axvline(stop_at, color="grey", ls="--", lw=0.8)
+    ax.text(stop_at, ax.get_ylim()[0], f" cut at step {stop_at}", va="bottom", fontsize=8, color="grey")
+    ax.set(xlabel="optimizer step", ylabel="train loss (nats/token)", title="Train loss of every run")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)
+
+
+def plot_gaps(losses: dict[str, dict[int, float]], stop_at: int, path) -> None:
+    ref = losses["straight"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    exact = []
+    for name, log in losses.items():
+        if name in ("straight", "resume"):
+            continue
+        steps = [s for s in log if s > stop_at]
+        gaps = [abs(log[s] - ref[s]) for s in steps]
+        if not any(gaps):
+            exact.append(name)  # zero everywhere has no point on a log axis
+            continue
+        ax.semilogy(steps, [g if g > 0 else float("nan") for g in gaps], marker=".", **STYLE.get(name, {"label": name}))
+    if exact:
+        ax.text(0.02, 0.02, f"{', '.join(exact)}: exactly 0 at every step", transform=ax.transAxes, fontsize=9)
+    ax.set(xlabel="optimizer step", ylabel="|loss − straight loss| (nats/token)",
+           title=f"How far each resumed run drifts after the cut at step {stop_at}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)
