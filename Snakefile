@@ -1,11 +1,13 @@
 # Does a run stopped at step stop_at and resumed from its resume file end bit-for-bit where the
 # straight run ends? And what changes when the resume file forgets the optimizer or the data position?
 #
-#   data ──> straight ─────────────> straight_fp16 ─┐
-#     └────> resume ──> resumed ──┐                 ├──> report
-#                 ├───> noopt ────┼─> divergence ───┤
-#                 ├───> noskip ───┘                 │
-#                 └───> optim ──────────────────────┘
+#   tokenize ─> straight ──────────────> fp16, bf16, inference ──┐
+#      └──────> resume ─> resumed ─────┐                          │
+#                  ├────> noopt ───────┤                          │
+#                  ├────> noskip ──────┼─> divergence, plots ─────┼─> report
+#                  ├────> nosched ─────┤                          │
+#                  ├────> resume_fp16 ─> halfresume               │
+#                  └────> optim ──────────────────────────────────┘
 
 from snakemake.utils import min_version
 

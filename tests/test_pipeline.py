@@ -5,6 +5,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 import torch
 import yaml
 from conftest import TINY, run_script
@@ -171,3 +172,97 @@ def test_summary_table_is_what_the_readme_block_is_filled_with(pipeline, tmp_pat
     # the rest of the README is untouched
     assert readme.read_text().replace(block, "") == (REPO / "README.md").read_text().replace(
         (REPO / "README.md").read_text().split("<!-- results:start -->\n")[1].split("<!-- results:end -->")[0], "")
+
+
+ABLATIONS = ["noopt", "noskip", "nosched", "halfresume"]
+
+
+def test_every_divergence_value_is_what_the_artifacts_give(pipeline):
+    from conftest import TINY
+
+    from mmkit.data import load_tokens
+    from mmkit.report import read_loss_log
+    from mmkit.train import eval_loss
+
+    cfg = load_config(pipeline / "config.resolved.yaml")
+    val = load_tokens(pipeline / "data" / "val.npy", cfg.model.vocab_size, cfg.seq_len + 1)
+    rows = {r["variant"]: r for r in csv.DictReader(open(pipeline / "divergence.csv"))}
+    assert list(rows) == ["straight", "resumed", *ABLATIONS]
+    straight, straight_log = load(pipeline / "straight.pth"), read_loss_log(pipeline / "straight_log.csv")
+    model = MiniMindForCausalLM(cfg.model)
+    for name in ["resumed", *ABLATIONS]:
+        sd, log = load(pipeline / f"{name}.pth"), read_loss_log(pipeline / f"{name}_log.csv")
+        names = [k for k in sd if k != "lm_head.weight"]
+        dw = torch.cat([(sd[k] - straight[k]).flatten().double() for k in names])
+        w = torch.cat([straight[k].flatten().double() for k in names])
+        gaps = [abs(log[s] - straight_log[s]) for s in range(TINY["stop_at"] + 1, TINY["steps"] + 1)]
+        model.load_state_dict(sd)
+        row = {k: float(v) for k, v in rows[name].items() if k != "variant"}
+        assert row["max_abs_dweight"] == dw.abs().max().item()
+        assert row["rel_l2_dweight"] == pytest.approx((dw.norm() / w.norm()).item(), rel=1e-9)
+        assert row["tensors_differing"] == sum(not torch.equal(sd[k], straight[k]) for k in names)
+        assert row["final_train_loss"] == log[TINY["steps"]]
+        assert row["val_loss"] == pytest.approx(eval_loss(model, val, cfg.seq_len), rel=1e-12)
+        assert row["mean_abs_loss_gap"] == pytest.approx(sum(gaps) / len(gaps), rel=1e-12)
+        assert row["max_abs_loss_gap"] == max(gaps)
+
+
+@pytest.mark.parametrize("name", ABLATIONS)
+def test_every_ablation_silently_changes_the_result(pipeline, name):
+    straight, variant = load(pipeline / "straight.pth"), load(pipeline / f"{name}.pth")
+    assert any(not torch.equal(straight[k], variant[k]) for k in straight)
+
+
+def test_nosched_starts_the_resumed_steps_at_the_peak_learning_rate(pipeline):
+    from conftest import TINY
+
+    from mmkit.train import lr_at
+
+    log = (pipeline / "logs" / "nosched.log").read_text()
+    first = next(line for line in log.splitlines() if line.startswith(f"step {TINY['stop_at'] + 1:>4}"))
+    assert f"lr {lr_at(1, TINY['steps'], 3e-3):.3e}" in first
+    resumed = (pipeline / "logs" / "resumed.log").read_text()
+    assert f"lr {lr_at(TINY['stop_at'] + 1, TINY['steps'], 3e-3):.3e}" in resumed
+
+
+def test_halfresume_resumes_from_fp16_weights_and_drifts_least(pipeline):
+    state = load(pipeline / "resume_fp16.pth")
+    assert all(t.dtype == torch.float16 for t in state["model"].values())
+    assert state["optimizer"]["state"][0]["exp_avg"].dtype == torch.float32  # only the weights were halved
+    rows = {r["variant"]: float(r["rel_l2_dweight"]) for r in csv.DictReader(open(pipeline / "divergence.csv"))}
+    assert 0 < rows["halfresume"] < min(rows[n] for n in ("noopt", "noskip", "nosched"))
+
+
+def test_bf16_beside_fp16_sizes_and_logit_change(pipeline):
+    bf16, fp16 = (json.loads((pipeline / f"{d}.json").read_text()) for d in ("bf16", "fp16"))
+    assert bf16["bf16_bytes"] == os.path.getsize(pipeline / "straight_bf16.pth")
+    assert bf16["fp32_bytes"] == fp16["fp32_bytes"]
+    assert all(t.dtype == torch.bfloat16 for t in load(pipeline / "straight_bf16.pth").values())
+    assert bf16["max_logit_diff"] > 0
+
+
+def test_plots_are_pngs_linked_from_the_report(pipeline):
+    report = (pipeline / "report.md").read_text()
+    for png in ("plots/loss.png", "plots/loss_gap.png"):
+        assert (pipeline / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({png})" in report
+
+
+def test_report_environment_and_wall_time_come_from_the_artifacts(pipeline):
+    report = (pipeline / "report.md").read_text()
+    fingerprint = load(pipeline / "resume.pth")["fingerprint"]
+    assert f"torch {fingerprint['torch']}" in report and f"스레드 {fingerprint['threads']}" in report
+    seconds = sum(json.loads(f.read_text())["train_seconds"] for f in (pipeline / "timing").glob("*.json"))
+    assert f"{seconds:.1f}초" in report
+    for name in ABLATIONS:
+        assert f"| {name} |" in report and f"- **{name}**" in report
+    assert "inference/model.safetensors" in report.split("## 반정밀도")[1]
+
+
+def test_snakemake_html_report_holds_the_registered_artifacts(pipeline):
+    from conftest import snakemake
+
+    snakemake(pipeline.parent, "--report", "results/report.html")
+    html = (pipeline / "report.html").read_text(errors="ignore")
+    for name in ("loss.png", "loss_gap.png", "divergence.csv", "report.md"):
+        assert name in html

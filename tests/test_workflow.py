@@ -11,7 +11,8 @@ import yaml
 from conftest import REPO, TINY, copy_workflow, snakemake
 
 ARTIFACTS = ["straight.pth", "straight_log.csv", "resume.pth", "resumed.pth", "resumed_log.csv", "noopt.pth",
-             "summary.md", "inference/model.safetensors", "inference/config.json",
+             "summary.md", "inference/model.safetensors", "inference/config.json", "nosched.pth", "halfresume.pth",
+             "resume_fp16.pth", "straight_bf16.pth", "bf16.json", "plots/loss.png", "plots/loss_gap.png",
              "noskip.pth", "straight_fp16.pth", "fp16.json", "optim.json", "divergence.csv", "report.md"]
 
 
@@ -32,7 +33,8 @@ def test_dry_run_plans_every_artifact_once(fresh):
     proc = snakemake(fresh, "-n")
     jobs = planned_jobs(proc)
     expected = {"resolved_config", "tokenize", "straight", "resume", "resumed", "noopt", "noskip",
-                "fp16", "inference", "optim", "divergence", "report", "all"}
+                "fp16", "bf16", "inference", "optim", "divergence", "report", "all", "nosched",
+                "halfresume", "resume_fp16", "plots"}
     assert expected <= jobs.keys() and all(jobs[r] == 1 for r in expected)
     for name in ARTIFACTS:
         assert f"results/{name}" in proc.stdout
