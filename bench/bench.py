@@ -9,7 +9,8 @@ Measures, in one process, with candidates interleaved so that drift on a shared 
   b. the fp32 and bf16 matmul rate at 1 and 2 threads, and each step's achieved share of it
   c. save_atomic vs plain torch.save vs raw `dd ... conv=fsync` for a resume-file-sized dict,
      and torch.load(weights_only=True) with and without mmap=True
-  d. DAG overhead: NOT measured here; see the dag_overhead() hook stub.
+  d. the whole DAG's wall time (snakemake on a fresh copy of the workflow, default config, --cores 1
+     and --cores 2) vs the sum of its training steps (timing/*.json): the rest is overhead
 Every figure is the median of repeated runs; every ratio compares figures taken in this same run.
 """
 
@@ -364,17 +365,40 @@ def bench_checkpoint_io(dims: str, io_dir: Path, reps: int, warmup: int) -> list
     return save_rows + load_rows
 
 
-# --- d. DAG overhead: HOOK, deliberately not implemented here ------------------------------------
+# --- d. DAG overhead ---------------------------------------------------------------------------
 
 
 def dag_overhead(args) -> list:
-    """HOOK (not implemented, owned by someone else): Snakemake DAG overhead.
+    """The default DAG from a fresh copy, timed whole, vs the training steps inside it.
 
-    Contract: return rows like the other sections, i.e. dicts with "section": "dag", "what": <name>,
-    and summary() keys (reps, median_ms, min_ms, iqr_pct); main() writes them to the CSV and
-    render_markdown() lists them. Until then it returns no rows and the report says so.
+    At --cores 1 the jobs run one after another, so wall - training = process starts, imports, data
+    preparation, analysis jobs and snakemake itself. --cores 2 shows what running jobs side by side buys.
     """
-    return []
+    rows = []
+    for cores in args.dag_cores:
+        work = Path(tempfile.mkdtemp(prefix=".bench-dag-", dir=ROOT / "bench"))
+        try:
+            for name in ("Snakefile", "config.yaml", "environment.yml"):
+                shutil.copy2(ROOT / name, work / name)
+            shutil.copytree(ROOT / "workflow", work / "workflow", ignore=shutil.ignore_patterns("__pycache__"))
+            env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "snakemake", "--cores", str(cores), "--quiet", "all"],
+                           cwd=work, env=env, check=True, capture_output=True)
+            wall = time.perf_counter() - t0
+            timing = [yaml.safe_load(f.read_text()) for f in (work / "results" / "timing").glob("*.json")]
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        train = sum(t["train_seconds"] for t in timing)
+        steps = sum(t["last_step"] - t["first_step"] + 1 for t in timing)
+        row = {"section": "dag", "what": f"snakemake --cores {cores}", "cores": cores, "reps": 1,
+               "median_ms": wall * 1000, "min_ms": wall * 1000, "iqr_pct": 0.0, "train_ms": train * 1000,
+               "train_steps": steps, "jobs_training": len(timing), "overhead_ms": (wall - train) * 1000,
+               "overhead_share": (wall - train) / train}
+        rows.append(row)
+        print(f"[dag] --cores {cores}: {wall:.1f} s wall, {train:.1f} s in {steps} training steps "
+              f"({len(timing)} jobs): overhead {row['overhead_share'] * 100:.0f}% of training", flush=True)
+    return rows
 
 
 # --- report ---------------------------------------------------------------------------------------
@@ -479,11 +503,17 @@ def render_markdown(rows: list, header: list) -> str:
                 "every tensor once (the cost a training step would then pay).", ""]
 
     dag = [r for r in rows if r["section"] == "dag"]
-    out += ["## d. DAG overhead", ""]
     if dag:
-        out += ["| what | ms |", "|---|---|"] + [f"| {r['what']} | {r['median_ms']:.1f} |" for r in dag]
-    else:
-        out += ["Not measured by this script: `dag_overhead()` in bench/bench.py is a stub (hook for another change)."]
+        out += ["## d. The whole DAG vs its training steps (default config)", "",
+                "| run | wall s | training s (steps) | wall − training s | overhead ÷ training |",
+                "|---|---|---|---|---|"]
+        out += [f"| {r['what']} | {r['median_ms'] / 1000:.1f} | {r['train_ms'] / 1000:.1f} ({r['train_steps']}) "
+                f"| {r['overhead_ms'] / 1000:.1f} | {100 * r['overhead_share']:.0f}% |" for r in dag]
+        out += ["", "One snakemake run from a fresh copy of the workflow (tokenizer, every training job, every "
+                "analysis job, report). Training s = the sum of the training loops' own clocks (timing/*.json). "
+                "At --cores 1 the jobs run one at a time, so wall − training is the overhead: process starts and "
+                "imports (torch alone ≈ 1.7 s a process), tokenizer training, analysis jobs and snakemake. At "
+                "--cores 2 two jobs run side by side, so wall can fall below the summed training time.", ""]
     return "\n".join(out) + "\n"
 
 
@@ -517,7 +547,8 @@ def parse_args():
     p.add_argument("--io-dir", type=Path, default=ROOT / "bench",
                    help="directory on the disk to measure; a temporary folder is made inside it (default bench/)")
     p.add_argument("--matmul-n", type=int, help="matmul size n (default 2048; --quick 1024)")
-    p.add_argument("--skip", default="", help="comma list of sections to skip: step,matmul,io")
+    p.add_argument("--skip", default="", help="comma list of sections to skip: step,matmul,io,dag")
+    p.add_argument("--dag-cores", default="1,2", help="comma list of snakemake --cores for the DAG timing")
     args = p.parse_args()
     q = args.quick
     args.dims = (args.dims or ("default" if q else ",".join(DIMS_SOURCES))).split(",")
@@ -530,6 +561,7 @@ def parse_args():
     args.io_dims = args.io_dims or ("default" if q else "minimind2-small")
     args.matmul_n = args.matmul_n or (1024 if q else 2048)
     args.skip = set(filter(None, args.skip.split(",")))
+    args.dag_cores = [int(c) for c in args.dag_cores.split(",")]
     return args
 
 
@@ -551,7 +583,8 @@ def main():
             rows += bench_checkpoint_io(args.io_dims, io_dir, args.reps, args.warmup)
         finally:
             shutil.rmtree(io_dir, ignore_errors=True)
-    rows += dag_overhead(args)  # HOOK: DAG overhead, not implemented here (returns no rows)
+    if "dag" not in args.skip:
+        rows += dag_overhead(args)
     torch.set_num_threads(os.cpu_count() or 1)
 
     elapsed = time.perf_counter() - start

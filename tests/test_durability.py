@@ -113,9 +113,12 @@ def test_disk_full_during_save_is_one_clear_error_and_the_previous_file_survives
         def flush(self):
             self.f.flush()
 
+        def fileno(self):
+            return self.f.fileno()
+
     import mmkit.checkpoint as ck
 
-    monkeypatch.setattr(ck, "_Recorder", lambda f, R=ck._Recorder: R(FullDisk(f)))
+    monkeypatch.setattr(ck, "_DurableWriter", lambda f, W=ck._DurableWriter: W(FullDisk(f)))
     with pytest.raises(UserError, match="No space left on device; the previous file is untouched"):
         save_atomic(state_for(1), path)
     assert holds(path, 0) and not path.with_name("resume.pth.tmp").exists()

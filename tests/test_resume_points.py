@@ -75,3 +75,20 @@ def test_compare_refuses_bad_input_with_exit_2(pipeline, tmp_path):
     (tmp_path / "x.pth").write_bytes(b"")
     proc = run_script("compare.py", pipeline / "straight.pth", tmp_path / "x.pth")
     assert proc.returncode == 2 and proc.stderr.startswith("error: ")
+
+
+def test_resume_is_bit_exact_in_bf16_autocast_too(tiny_run, tmp_path):
+    import yaml
+    from conftest import tiny_config
+
+    config = tmp_path / "bf16.yaml"
+    config.write_text(yaml.safe_dump(tiny_config(precision="bf16")))
+    bf16_run = {**tiny_run, "config": config}
+    straight = train(bf16_run, tmp_path / "straight.pth", "--log", tmp_path / "straight.csv")
+    resumed = stop_and_resume(bf16_run, tmp_path, 5)
+    assert_same_bits(straight, resumed)
+    # autocast really ran: the bf16 losses are not the fp32 ones
+    fp32_log = (tiny_run["config"].parent / "straight_log.csv").read_text()
+    assert (tmp_path / "straight.csv").read_text() != fp32_log
+    # and the master weights stay fp32
+    assert all(t.dtype == torch.float32 for t in torch.load(straight, weights_only=True).values())
