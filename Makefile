@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: results test lint readme clean
+.PHONY: results test lint readme bench clean
 
 $(BIN)/.installed: requirements.txt requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ lint: $(BIN)/.installed
 clean:
 	rm -rf results .snakemake
 
-# copy the default run's results table into README.md
+# copy the default run's results table and the latest benchmark targets into README.md
 readme: results
-	$(BIN)/python workflow/scripts/update_readme.py results/summary.md README.md
+	$(BIN)/python workflow/scripts/update_readme.py README.md results=results/summary.md bench=bench/targets.md
+
+# the benchmark (minutes; run it on a quiet machine): bench/results.md, results.csv, targets.md
+bench: $(BIN)/.installed
+	$(BIN)/python bench/bench.py --out-csv bench/results.csv --out-md bench/results.md --out-targets bench/targets.md

@@ -24,6 +24,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/analysis.smk"
+include: "workflow/rules/bench.smk"
 
 
 rule all:

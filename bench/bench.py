@@ -517,6 +517,38 @@ def render_markdown(rows: list, header: list) -> str:
     return "\n".join(out) + "\n"
 
 
+def targets_table(rows: list) -> str:
+    """The project's speed targets, each with the ratio this run measured and whether it was met."""
+    def step(dims, precision, threads):
+        return next((r for r in rows if r["section"] == "step" and r["what"] == "ours" and r["dims"] == dims
+                     and r["precision"] == precision and r["threads"] == threads), None)
+
+    lines = ["| target | measured (this run) | met |", "|---|---|---|"]
+
+    def add(target, value, limit, how):
+        if value is not None:
+            lines.append(f"| {target} | {value:.2f} ({how}) | {'yes' if value <= limit else 'no'} |")
+
+    for dims in DIMS_SOURCES:
+        for threads in (1, 2):
+            r = step(dims, "fp32", threads)
+            if r:
+                add(f"fp32 step ÷ transformers fp32 step ≤ 1.0, {dims}, {threads} thread(s)",
+                    r["vs_hf_same_precision_paired"], 1.0, "paired median")
+    r = step("minimind2-small", "bf16", 1)
+    if r:
+        add("bf16 step ÷ transformers fp32 step ≤ 0.33, minimind2-small, 1 thread", r["vs_hf_fp32_paired"], 0.33,
+            "paired median")
+    save = next((r for r in rows if r["section"] == "save" and r["what"] == "save_atomic"), None)
+    if save:
+        add("durable atomic save ÷ plain torch.save ≤ 1.15", save["vs_torch_save"], 1.15, "ratio of medians")
+    dag = next((r for r in rows if r["section"] == "dag" and r["cores"] == 1), None)
+    if dag:
+        add("DAG overhead ÷ training compute ≤ 0.15, default config", dag["overhead_share"], 0.15,
+            "--cores 1: (wall − training) ÷ training")
+    return "\n".join(lines) + "\n"
+
+
 def write_csv(rows: list, path: Path) -> None:
     fields = []
     for r in rows:
@@ -536,6 +568,8 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-csv", type=Path, required=True)
     p.add_argument("--out-md", type=Path, required=True)
+    p.add_argument("--out-targets", type=Path, help="markdown table of the speed targets (the README's)")
+    p.add_argument("--from-csv", type=Path, help="measure nothing: write the targets table (--out-targets) of an earlier run's CSV")
     p.add_argument("--quick", action="store_true",
                    help="few repetitions; step timings and the resume file at the default dims only")
     p.add_argument("--dims", help=f"comma list of {', '.join(DIMS_SOURCES)} (default: both; --quick: default)")
@@ -565,8 +599,25 @@ def parse_args():
     return args
 
 
+def read_csv_rows(path: Path) -> list:
+    """Rows of an earlier run's CSV, numbers as numbers, empty cells dropped."""
+    def value(v):
+        for kind in (int, float):
+            try:
+                return kind(v)
+            except ValueError:
+                pass
+        return v
+
+    with open(path, newline="") as f:
+        return [{k: value(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
+
+
 def main():
     args = parse_args()
+    if args.from_csv:
+        (args.out_targets or args.out_md).write_text(targets_table(read_csv_rows(args.from_csv)))
+        return
     torch.use_deterministic_algorithms(True)  # as mmkit.train.make_deterministic sets it for every training run
     start, load_before = time.perf_counter(), os.getloadavg()
     print(f"bench: {machine_info()}", flush=True)
@@ -598,6 +649,8 @@ def main():
     write_csv(rows, args.out_csv)
     args.out_md.parent.mkdir(parents=True, exist_ok=True)
     args.out_md.write_text(render_markdown(rows, header))
+    if args.out_targets:
+        args.out_targets.write_text(targets_table(rows))
     print(f"bench: wrote {args.out_csv} and {args.out_md} after {elapsed:.0f} s", flush=True)
 
 

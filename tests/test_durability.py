@@ -116,9 +116,9 @@ def test_disk_full_during_save_is_one_clear_error_and_the_previous_file_survives
         def fileno(self):
             return self.f.fileno()
 
-    import mmkit.checkpoint as ck
+    import mmkit.atomic
 
-    monkeypatch.setattr(ck, "_DurableWriter", lambda f, W=ck._DurableWriter: W(FullDisk(f)))
+    monkeypatch.setattr(mmkit.atomic, "_DurableWriter", lambda f, W=mmkit.atomic._DurableWriter: W(FullDisk(f)))
     with pytest.raises(UserError, match="No space left on device; the previous file is untouched"):
         save_atomic(state_for(1), path)
     assert holds(path, 0) and not path.with_name("resume.pth.tmp").exists()

@@ -163,7 +163,7 @@ def test_summary_table_is_what_the_readme_block_is_filled_with(pipeline, tmp_pat
 
     readme = tmp_path / "README.md"
     readme.write_text((REPO / "README.md").read_text())
-    proc = run_script("update_readme.py", pipeline / "summary.md", readme)
+    proc = run_script("update_readme.py", readme, f"results={pipeline / 'summary.md'}")
     assert proc.returncode == 0, proc.stderr
     block = readme.read_text().split("<!-- results:start -->\n")[1].split("<!-- results:end -->")[0]
     assert block == (pipeline / "summary.md").read_text()

@@ -114,3 +114,34 @@ def test_snakefmt_check_is_clean():
     proc = subprocess.run([sys.executable, "-m", "snakefmt", "--check", "Snakefile", "workflow/rules"],
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_own_token_files_skip_the_tokenizer(fresh, pipeline):
+    overlay = {"data": {"corpus": None, "val_fraction": 0.1,
+                        "train_tokens": str(pipeline / "data" / "train.npy"),
+                        "val_tokens": str(pipeline / "data" / "val.npy")}}
+    (fresh / "own.yaml").write_text(yaml.safe_dump(overlay))
+    proc = snakemake(fresh, "-n", configfiles=("config.yaml", "tiny.yaml", "own.yaml"))
+    plan = planned_jobs(proc)
+    assert "tokenize" not in plan and "straight" in plan
+    assert str(pipeline / "data" / "train.npy") in proc.stdout
+
+
+def test_naming_only_one_token_file_is_refused(fresh, pipeline):
+    (fresh / "own.yaml").write_text(yaml.safe_dump({"data": {
+        "corpus": None, "val_fraction": 0.1, "train_tokens": str(pipeline / "data" / "train.npy"), "val_tokens": None}}))
+    proc = snakemake(fresh, "-n", configfiles=("config.yaml", "tiny.yaml", "own.yaml"), check=False)
+    assert proc.returncode != 0 and "data.val_tokens" in proc.stdout + proc.stderr
+
+
+def test_minimind2_small_preset_is_the_real_size(fresh):
+    from mmkit.config import load_config
+    from mmkit.model import MiniMindForCausalLM
+
+    merged = yaml.safe_load((REPO / "config.yaml").read_text())
+    merged.update(yaml.safe_load((REPO / "presets" / "minimind2-small.yaml").read_text()))
+    (fresh / "merged.yaml").write_text(yaml.safe_dump(merged))
+    params = MiniMindForCausalLM(load_config(fresh / "merged.yaml").model).num_parameters()
+    assert round(params / 1e6, 1) == 25.8  # MiniMind2-small as published
+    plan = planned_jobs(snakemake(fresh, "-n", configfiles=("config.yaml", "presets/minimind2-small.yaml")))
+    assert plan["straight"] == 1

@@ -107,7 +107,7 @@ rule divergence:
 
 rule plots:
     input:
-        code=package("report"),
+        code=package("report", "plots"),
         script=SCRIPTS / "plots.py",
         logs=expand("{out}/{run}_log.csv", out=OUT, run=TRAINING_RUNS),
     output:

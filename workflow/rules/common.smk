@@ -33,7 +33,8 @@ if bool(config["data"]["train_tokens"]) != bool(config["data"]["val_tokens"]):
 def package(*modules):
     """The shared package's modules a job imports, declared as its inputs so that editing one reruns it."""
     return [
-        str(SCRIPTS / "mmkit" / f"{m}.py") for m in ("__init__", "errors") + modules
+        str(SCRIPTS / "mmkit" / f"{m}.py")
+        for m in ("__init__", "errors", "atomic") + modules
     ]
 
 

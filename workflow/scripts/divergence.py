@@ -9,7 +9,8 @@ import io
 
 import torch
 
-from mmkit.checkpoint import load_weights, write_text_atomic
+from mmkit.atomic import write_text_atomic
+from mmkit.checkpoint import load_weights
 from mmkit.config import load_config
 from mmkit.data import load_tokens
 from mmkit.errors import UserError, run_cli

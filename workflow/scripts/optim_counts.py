@@ -4,7 +4,8 @@ import argparse
 import json
 import os
 
-from mmkit.checkpoint import RESUME_KEYS, load_file, write_text_atomic
+from mmkit.atomic import write_text_atomic
+from mmkit.checkpoint import RESUME_KEYS, load_file
 from mmkit.errors import UserError, run_cli
 
 TIED = "lm_head.weight"  # the embedding under a second name: one tensor, counted once

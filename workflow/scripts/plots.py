@@ -3,7 +3,7 @@
 import argparse
 from pathlib import Path
 
-from mmkit.checkpoint import write_atomic
+from mmkit.atomic import write_atomic
 from mmkit.errors import run_cli
 from mmkit.plots import plot_gaps, plot_losses
 from mmkit.report import read_loss_log

@@ -4,7 +4,7 @@ import argparse
 
 import numpy as np
 
-from mmkit.checkpoint import write_atomic, write_text_atomic
+from mmkit.atomic import write_atomic, write_text_atomic
 from mmkit.data import encode_corpus, read_corpus, split_tokens, train_tokenizer
 from mmkit.errors import run_cli
 

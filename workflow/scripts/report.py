@@ -6,7 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from mmkit.checkpoint import load_file, write_text_atomic
+from mmkit.atomic import write_text_atomic
+from mmkit.checkpoint import load_file
 from mmkit.config import load_config
 from mmkit.errors import run_cli
 from mmkit.report import read_divergence, render, summary_table, tail_lines_equal

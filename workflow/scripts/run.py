@@ -9,7 +9,8 @@ import argparse
 import json
 import time
 
-from mmkit.checkpoint import read_resume, resume_state, save_atomic, write_text_atomic, check_fits
+from mmkit.atomic import write_text_atomic
+from mmkit.checkpoint import read_resume, resume_state, save_atomic, check_fits
 from mmkit.config import load_config
 from mmkit.data import load_tokens
 from mmkit.errors import UserError, run_cli

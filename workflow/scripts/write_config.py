@@ -6,6 +6,6 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mmkit.checkpoint import write_text_atomic  # noqa: E402
+from mmkit.atomic import write_text_atomic  # noqa: E402
 
 write_text_atomic(snakemake.output[0], yaml.safe_dump(dict(snakemake.params.config), sort_keys=False))  # noqa: F821

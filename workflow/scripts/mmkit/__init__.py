@@ -1,3 +1,5 @@
-"""mmkit: MiniMind model, data, training loop and checkpoint I/O shared by every script of the workflow."""
+"""mmkit: MiniMind model, data, training loop and checkpoint I/O shared by every script of the workflow.
 
-from .checkpoint import load_model  # noqa: F401  (the task's mmkit.load_model)
+Modules: model, data, train (the loop), checkpoint (what is saved and how it is read back),
+atomic (how any file is committed), config, report, plots, export, errors.
+"""

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import cast_state_dict, write_atomic, write_text_atomic
+from .atomic import write_atomic, write_text_atomic
+from .checkpoint import cast_state_dict
 from .errors import UserError
 from .model import ModelConfig
 

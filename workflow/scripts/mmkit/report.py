@@ -164,7 +164,6 @@ def render(env: dict, optim: dict, halves: dict, divergence: list[dict], log_mat
     return "\n".join(lines)
 
 
-README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 
 
 def summary_table(env: dict, optim: dict, fp16: dict, divergence: list[dict]) -> str:
@@ -198,10 +197,11 @@ def summary_table(env: dict, optim: dict, fp16: dict, divergence: list[dict]) ->
     return "\n".join(lines) + "\n"
 
 
-def splice_readme(readme: str, table: str) -> str:
-    """README text with the block between the results markers replaced by TABLE."""
-    if README_START not in readme or README_END not in readme:
-        raise UserError(f"README has no {README_START} ... {README_END} block to fill")
-    head, rest = readme.split(README_START, 1)
-    tail = rest.split(README_END, 1)[1]
-    return f"{head}{README_START}\n{table}{README_END}{tail}"
+def splice_readme(readme: str, table: str, block: str = "results") -> str:
+    """README text with the block between <!-- BLOCK:start --> and <!-- BLOCK:end --> replaced by TABLE."""
+    start, end = f"<!-- {block}:start -->", f"<!-- {block}:end -->"
+    if start not in readme or end not in readme:
+        raise UserError(f"README has no {start} ... {end} block to fill")
+    head, rest = readme.split(start, 1)
+    tail = rest.split(end, 1)[1]
+    return f"{head}{start}\n{table}{end}{tail}"

@@ -1,0 +1,20 @@
+# Speed, side by side with transformers: not part of the experiment, so rule all does not need it.
+# Needs transformers (requirements-test.txt). snakemake --cores 2 bench
+
+
+rule bench:
+    input:
+        code=package("model", "train", "checkpoint"),
+        script="bench/bench.py",
+    output:
+        csv=f"{OUT}/bench/results.csv",
+        md=f"{OUT}/bench/results.md",
+        targets=f"{OUT}/bench/targets.md",
+    log:
+        f"{OUT}/logs/bench.log",
+    conda:
+        ENV
+    threads: 2
+    shell:
+        "python {input.script} --out-csv {output.csv} --out-md {output.md}"
+        " --out-targets {output.targets} 2> {log}"
