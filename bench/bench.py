@@ -492,7 +492,8 @@ def render_markdown(rows: list, header: list) -> str:
                        f"| {r['mb_per_s']:.0f} | {fmt(r.get('vs_torch_save'), '.2f')} "
                        f"| {fmt(r.get('vs_dd_fsync'), '.2f')} | {fmt(r.get('vs_no_mmap'), '.3f')} |")
         out += ["",
-                "save_atomic = mmkit.checkpoint.save_atomic (write PATH.tmp, flush, fsync, os.replace, fsync the "
+                "save_atomic = mmkit.checkpoint.save_atomic (write PATH.tmp, asking the kernel to start writeback every "
+                "8 MB as it goes, flush, fsync, os.replace, fsync the "
                 "directory): durable. torch_save = torch.save(obj, path): returns once the bytes are in the page "
                 "cache, NOT durable. dd_fsync = `dd if=/dev/zero bs=1M count=<file size in MiB, rounded> conv=fsync`, "
                 "the time dd reports: the disk's raw durable write rate; ÷ dd fsync compares time per byte. "

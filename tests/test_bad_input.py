@@ -1,8 +1,6 @@
 """Bad input: one clear line, a non-zero exit, no output written, and nothing of the user's damaged."""
 
-import io
 import pickle
-import shutil
 import subprocess
 import sys
 import zipfile

@@ -8,8 +8,8 @@ import argparse
 
 import torch
 
-from mmkit.checkpoint import RESUME_KEYS, cast_state_dict, load_file, save_atomic
-from mmkit.errors import UserError, run_cli
+from mmkit.checkpoint import cast_state_dict, load_resume, save_atomic
+from mmkit.errors import run_cli
 
 
 def main():
@@ -18,9 +18,7 @@ def main():
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
-    state = load_file(args.resume, "resume file")
-    if not isinstance(state, dict) or any(k not in state for k in RESUME_KEYS):
-        raise UserError(f"resume file {args.resume} is not a resume dict with keys {RESUME_KEYS}")
+    state = load_resume(args.resume)
     save_atomic({**state, "model": cast_state_dict(state["model"], torch.float16)}, args.out)
 
 

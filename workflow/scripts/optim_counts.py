@@ -5,8 +5,8 @@ import json
 import os
 
 from mmkit.atomic import write_text_atomic
-from mmkit.checkpoint import RESUME_KEYS, load_file
-from mmkit.errors import UserError, run_cli
+from mmkit.checkpoint import load_resume
+from mmkit.errors import run_cli
 
 TIED = "lm_head.weight"  # the embedding under a second name: one tensor, counted once
 
@@ -17,9 +17,7 @@ def main():
     p.add_argument("--json", required=True)
     args = p.parse_args()
 
-    state = load_file(args.resume, "resume file")
-    if not isinstance(state, dict) or any(k not in state for k in RESUME_KEYS):
-        raise UserError(f"resume file {args.resume} is not a resume dict with keys {RESUME_KEYS}")
+    state = load_resume(args.resume)
     model_numel = sum(t.numel() for k, t in state["model"].items() if k != TIED)
     # per parameter: exp_avg and exp_avg_sq (one element each per weight) and a 0-dim step counter
     optimizer_numel = sum(

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from mmkit.atomic import write_text_atomic
-from mmkit.checkpoint import load_file
+from mmkit.checkpoint import load_resume
 from mmkit.config import load_config
 from mmkit.errors import run_cli
 from mmkit.report import read_divergence, render, summary_table, tail_lines_equal
@@ -30,7 +30,7 @@ def main():
     args = p.parse_args()
 
     cfg = load_config(args.config)
-    fingerprint = load_file(args.resume, "resume file")["fingerprint"]
+    fingerprint = load_resume(args.resume)["fingerprint"]
     optim = read_json(args.optim)
     timing = {Path(f).stem: read_json(f)["train_seconds"] for f in args.timing}
     longest = max(timing, key=timing.get)

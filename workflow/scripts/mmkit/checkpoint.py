@@ -103,8 +103,8 @@ def resume_state(model, optimizer, step: int, generator: torch.Generator, finger
     }
 
 
-def read_resume(path, fingerprint: dict, allow_mismatch: bool = False) -> dict:
-    """Load and check a resume file; refuse one made under other settings unless allow_mismatch."""
+def load_resume(path) -> dict:
+    """A resume file's dict, with every key resume_state writes, each of the right type."""
     state = load_file(path, "resume file")
     if not isinstance(state, dict):
         raise UserError(f"resume file {path} holds a {type(state).__name__}, not a resume dict")
@@ -115,6 +115,12 @@ def read_resume(path, fingerprint: dict, allow_mismatch: bool = False) -> dict:
             and isinstance(state["model"], dict) and isinstance(state["optimizer"], dict)
             and isinstance(state["fingerprint"], dict)):
         raise UserError(f"resume file {path} has entries of the wrong type")
+    return state
+
+
+def read_resume(path, fingerprint: dict, allow_mismatch: bool = False) -> dict:
+    """Load and check a resume file; refuse one made under other settings unless allow_mismatch."""
+    state = load_resume(path)
     saved = state["fingerprint"]
     if saved.get("format") != FORMAT_VERSION:
         raise UserError(f"resume file {path} has format {saved.get('format')}, this code reads {FORMAT_VERSION}")
