@@ -528,7 +528,7 @@ def targets_table(rows: list) -> str:
 
     def add(target, value, limit, how):
         if value is not None:
-            lines.append(f"| {target} | {value:.2f} ({how}) | {'yes' if value <= limit else 'no'} |")
+            lines.append(f"| {target} | {value:.3f} ({how}) | {'yes' if value <= limit else 'no'} |")
 
     for dims in DIMS_SOURCES:
         for threads in (1, 2):

@@ -176,7 +176,8 @@ def summary_table(env: dict, optim: dict, fp16: dict, divergence: list[dict]) ->
         "| variant | what the resume dropped | max \\|Δw\\| vs straight | rel. L2 Δw | mean / max \\|Δloss\\| after the cut | val loss |",
         "|---|---|---|---|---|---|",
     ]
-    dropped = {"resumed": "nothing", "noopt": "optimizer state", "noskip": "data position (generator)"}
+    dropped = {"resumed": "nothing", "noopt": "optimizer state", "noskip": "data position (generator)",
+               "nosched": "step (LR schedule restarted)", "halfresume": "fp32 weights (stored as fp16)"}
     for name, row in rows.items():
         if name == "straight":
             lines.append(f"| straight | (no interruption) | — | — | — | {row['val_loss']:.4f} |")
