@@ -216,3 +216,10 @@ def test_jsonl_and_txt_corpora_build_token_files(tmp_path):
         assert proc.returncode == 0, proc.stderr
         train, val = np.load(tmp_path / "train.npy"), np.load(tmp_path / "val.npy")
         assert train.dtype == np.uint16 and val.dtype == np.uint16 and len(val) > 0 and train.max() < 300
+
+
+@pytest.mark.parametrize("stop_at", ["0", "13"])
+def test_stop_outside_the_run_is_refused(tiny_run, tmp_path, stop_at):
+    proc = run_script("run.py", "--config", tiny_run["config"], "--tokens", tiny_run["tokens"],
+                      "--stop-at", stop_at, "--out", tmp_path / "o.pth")
+    assert_refused(proc, "nothing to train", out=tmp_path / "o.pth")

@@ -10,7 +10,7 @@ import json
 import time
 
 from mmkit.atomic import write_text_atomic
-from mmkit.checkpoint import read_resume, resume_state, save_atomic, check_fits
+from mmkit.checkpoint import check_fits, read_resume, resume_state, save_atomic
 from mmkit.config import load_config
 from mmkit.data import load_tokens
 from mmkit.errors import UserError, run_cli
@@ -56,7 +56,7 @@ def main():
             batch_generator.set_state(state["gen_state"])
         first_step = state["step"] + 1
 
-    last_step = args.stop_at or cfg.steps
+    last_step = cfg.steps if args.stop_at is None else args.stop_at
     if not first_step <= last_step <= cfg.steps:
         raise UserError(f"nothing to train: steps {first_step}..{last_step} of {cfg.steps}")
 
@@ -66,7 +66,7 @@ def main():
             train(cfg, device, model, optimizer, batch_generator, tokens, first_step, last_step, offset)]
     seconds = time.perf_counter() - t0
 
-    if args.stop_at:
+    if args.stop_at is not None:
         save_atomic(resume_state(model, optimizer, last_step, batch_generator, fp), args.out)
     else:
         save_atomic(model.state_dict(), args.out)

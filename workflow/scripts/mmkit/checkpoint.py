@@ -1,4 +1,4 @@
-"""Checkpoint I/O: how files are committed to disk, what a resume file holds, and how both are read back.
+"""Checkpoint I/O: what a resume file holds, how checkpoints are saved (via mmkit.atomic) and read back.
 
 Two kinds of file, kept apart as in MiniMind's lm_checkpoint:
   weights file  - the model's state_dict only (what inference needs; may be saved in half precision)
