@@ -29,7 +29,8 @@ lint: $(BIN)/.test
 
 # copy the default run's results table and the latest benchmark targets into README.md
 readme: results
-	$(BIN)/python workflow/scripts/update_readme.py README.md results=results/summary.md bench=bench/targets.md
+	$(BIN)/python workflow/scripts/update_readme.py README.md results=results/summary.md \
+		settings=results/settings.md bench=bench/targets.md
 
 # the benchmark (minutes; run it on a quiet machine): bench/results.md, results.csv, targets.md
 bench: $(BIN)/.test

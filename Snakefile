@@ -8,6 +8,9 @@
 #                  ├────> nosched ─────┤                          │
 #                  ├────> resume_fp16 ─> halfresume               │
 #                  └────> optim ──────────────────────────────────┘
+#
+# Each job reads only the config keys its rule declares (READS in workflow/rules/common.smk), from
+# OUTDIR/settings/<rule>.yaml: a changed setting reruns exactly the jobs that read it, and what follows.
 
 from snakemake.utils import min_version
 
@@ -32,3 +35,4 @@ rule all:
     input:
         rules.report.output,
         rules.inference.output,
+        rules.settings_table.output,

@@ -85,9 +85,10 @@ def pipeline(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_run(pipeline) -> dict:
-    """Paths a direct run.py call needs: resolved config and token files of the tiny pipeline."""
+    """Paths a direct run.py call needs: the resume job's settings (every training key and stop_at) and
+    token files of the tiny pipeline."""
     return {
-        "config": pipeline / "config.resolved.yaml",
+        "config": pipeline / "settings" / "resume.yaml",
         "tokens": pipeline / "data" / "train.npy",
         "val": pipeline / "data" / "val.npy",
         "resume": pipeline / "resume.pth",

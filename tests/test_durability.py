@@ -149,7 +149,7 @@ def test_killed_snakemake_job_is_rebuilt_alone_with_the_same_bits(tmp_path):
     work = copy_workflow(tmp_path / "wf")
     slow = {**TINY, "steps": 300, "stop_at": 150, "outdir": "results"}  # long enough to be killed mid-run
     (work / "tiny.yaml").write_text(yaml.safe_dump(slow))
-    snakemake(work, "results/data/train.npy", "results/config.resolved.yaml")
+    snakemake(work, "results/data/train.npy", "results/settings/resume.yaml")
 
     cmd = [sys.executable, "-m", "snakemake", "--cores", "1", "results/straight.pth",
            "--configfile", "config.yaml", "tiny.yaml"]
@@ -172,7 +172,7 @@ def test_killed_snakemake_job_is_rebuilt_alone_with_the_same_bits(tmp_path):
 
     # the same bits as an uninterrupted run of the same job
     ref = tmp_path / "reference.pth"
-    proc = run_script("run.py", "--config", results / "config.resolved.yaml", "--tokens",
+    proc = run_script("run.py", "--config", results / "settings" / "resume.yaml", "--tokens",
                       results / "data" / "train.npy", "--out", ref)
     assert proc.returncode == 0, proc.stderr
     a, b = torch.load(results / "straight.pth", weights_only=True), torch.load(ref, weights_only=True)

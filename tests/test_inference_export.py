@@ -15,7 +15,7 @@ import yaml  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
 from mmkit.checkpoint import cast_state_dict  # noqa: E402
-from mmkit.config import load_config  # noqa: E402
+from mmkit.config import load_config, model_config  # noqa: E402
 from mmkit.model import MiniMindForCausalLM  # noqa: E402
 
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300}
@@ -30,11 +30,11 @@ def exported(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("export")
     cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
     cfg.update(outdir=str(tmp), model=TINY)
-    config = tmp / "config.resolved.yaml"
+    config = tmp / "config.yaml"
     config.write_text(yaml.safe_dump(cfg))
     run_cfg = load_config(config)
     torch.manual_seed(0)
-    model = MiniMindForCausalLM(run_cfg.model)
+    model = MiniMindForCausalLM(model_config(run_cfg))
     # training moves the norms off 1: make them random too, so a wrong eps or a missing norm would show
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -48,7 +48,7 @@ def exported(tmp_path_factory):
          "--config", str(config), "--weights", str(weights), "--outdir", str(outdir)],
         cwd=ROOT, check=True, capture_output=True, text=True,
     )
-    return {"cfg": run_cfg, "weights": weights, "outdir": outdir}
+    return {"cfg": model_config(run_cfg), "weights": weights, "outdir": outdir}
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_export_writes_config_and_safetensors_only(exported):
     assert sorted(p.name for p in exported["outdir"].iterdir()) == ["config.json", "model.safetensors"]
     conf = json.loads((exported["outdir"] / "config.json").read_text())
     assert conf["architectures"] == ["LlamaForCausalLM"] and conf["model_type"] == "llama"
-    assert conf["intermediate_size"] == exported["cfg"].model.intermediate_size
+    assert conf["intermediate_size"] == exported["cfg"].intermediate_size
     assert conf["tie_word_embeddings"] is True
 
 
@@ -82,7 +82,7 @@ def test_safetensors_holds_fp16_embedding_without_lm_head(exported):
 
 
 def test_transformers_logits_match_mmkit_on_same_fp16_weights(exported, hf_model):
-    cfg = exported["cfg"].model
+    cfg = exported["cfg"]
     sd = torch.load(exported["weights"], weights_only=True)
     ours = MiniMindForCausalLM(cfg)
     ours.load_state_dict(cast_state_dict(sd, torch.float16))  # rounded to fp16, computed in fp32
@@ -119,7 +119,7 @@ def test_export_refuses_weights_whose_head_is_not_tied(exported, tmp_path):
     sd["lm_head.weight"] = sd["lm_head.weight"].clone() + 1  # untied: tie_word_embeddings would lie
     untied = tmp_path / "untied.pth"
     torch.save(sd, untied)
-    config = exported["outdir"].parent / "config.resolved.yaml"
+    config = exported["outdir"].parent / "config.yaml"
     r = subprocess.run(
         [sys.executable, "workflow/scripts/export_inference.py",
          "--config", str(config), "--weights", str(untied), "--outdir", str(tmp_path / "out")],

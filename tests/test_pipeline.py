@@ -11,7 +11,7 @@ import yaml
 from conftest import TINY, run_script
 
 from mmkit.checkpoint import cast_state_dict
-from mmkit.config import load_config
+from mmkit.config import load_config, model_config
 from mmkit.model import MiniMindForCausalLM
 
 
@@ -83,7 +83,7 @@ def test_resume_file_holds_weights_optimizer_step_and_generator(pipeline):
     assert state["gen_state"].dtype == torch.uint8
     moments = state["optimizer"]["state"][0]
     assert {"exp_avg", "exp_avg_sq", "step"} <= moments.keys()
-    assert state["fingerprint"]["threads"] == load_config(pipeline / "config.resolved.yaml").threads
+    assert state["fingerprint"]["threads"] == load_config(pipeline / "settings" / "resume.yaml").threads
     # the tie survives the round trip: one tensor under two names
     assert state["model"]["lm_head.weight"].data_ptr() == state["model"]["model.embed_tokens.weight"].data_ptr()
 
@@ -99,13 +99,13 @@ def test_fp16_file_is_nearly_half_and_keeps_the_tie(pipeline):
 
 
 def test_fp16_logit_diff_is_recomputed_exactly_and_small(pipeline):
-    cfg = load_config(pipeline / "config.resolved.yaml")
+    cfg = load_config(pipeline / "settings" / "fp16.yaml")
     result = json.loads((pipeline / "fp16.json").read_text())
     tokens = torch.from_numpy(np.load(pipeline / "data" / "val.npy")[: cfg.seq_len].astype(np.int64))[None]
     straight = load(pipeline / "straight.pth")
     logits = []
     for sd in (straight, cast_state_dict(straight, torch.float16)):
-        model = MiniMindForCausalLM(cfg.model).eval()
+        model = MiniMindForCausalLM(model_config(cfg)).eval()
         model.load_state_dict(sd)
         with torch.no_grad():
             logits.append(model(tokens)[0])
@@ -117,7 +117,7 @@ def test_fp16_logit_diff_is_recomputed_exactly_and_small(pipeline):
 def test_optim_counts_match_the_resume_file_and_ratio_is_two(pipeline):
     result = json.loads((pipeline / "optim.json").read_text())
     state = load(pipeline / "resume.pth")
-    params = MiniMindForCausalLM(load_config(pipeline / "config.resolved.yaml").model).num_parameters()
+    params = MiniMindForCausalLM(model_config(load_config(pipeline / "settings" / "resume.yaml"))).num_parameters()
     assert result["model_numel"] == params
     moments = sum(t.numel() for s in state["optimizer"]["state"].values() for t in s.values() if t.dim() >= 1)
     assert result["optimizer_numel"] == moments
@@ -152,10 +152,12 @@ def test_report_has_the_three_sections_and_generated_numbers(pipeline):
     assert "resume.pth" in half and "straight_fp16.pth" in half
 
 
-def test_resolved_config_is_the_merged_overlay(pipeline):
-    resolved = yaml.safe_load((pipeline / "config.resolved.yaml").read_text())
+def test_settings_files_hold_the_merged_overlay(pipeline):
+    resolved = yaml.safe_load((pipeline / "settings" / "resume.yaml").read_text())
     assert resolved["steps"] == TINY["steps"] and resolved["model"] == TINY["model"]
     assert resolved["seed"] == 7 and resolved["lr"] == 3e-3  # untouched keys come from config.yaml
+    assert resolved["stop_at"] == TINY["stop_at"]
+    assert "stop_at" not in yaml.safe_load((pipeline / "settings" / "straight.yaml").read_text())
 
 
 def test_summary_table_is_what_the_readme_block_is_filled_with(pipeline, tmp_path):
@@ -184,12 +186,12 @@ def test_every_divergence_value_is_what_the_artifacts_give(pipeline):
     from mmkit.report import read_loss_log
     from mmkit.train import eval_loss
 
-    cfg = load_config(pipeline / "config.resolved.yaml")
+    cfg = load_config(pipeline / "settings" / "divergence.yaml")
     val = load_tokens(pipeline / "data" / "val.npy", cfg.model.vocab_size, cfg.seq_len + 1)
     rows = {r["variant"]: r for r in csv.DictReader(open(pipeline / "divergence.csv"))}
     assert list(rows) == ["straight", "resumed", *ABLATIONS]
     straight, straight_log = load(pipeline / "straight.pth"), read_loss_log(pipeline / "straight_log.csv")
-    model = MiniMindForCausalLM(cfg.model)
+    model = MiniMindForCausalLM(model_config(cfg))
     for name in ["resumed", *ABLATIONS]:
         sd, log = load(pipeline / f"{name}.pth"), read_loss_log(pipeline / f"{name}_log.csv")
         names = [k for k in sd if k != "lm_head.weight"]

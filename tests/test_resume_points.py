@@ -88,7 +88,7 @@ def test_resume_is_bit_exact_in_bf16_autocast_too(tiny_run, tmp_path):
     resumed = stop_and_resume(bf16_run, tmp_path, 5)
     assert_same_bits(straight, resumed)
     # autocast really ran: the bf16 losses are not the fp32 ones
-    fp32_log = (tiny_run["config"].parent / "straight_log.csv").read_text()
+    fp32_log = (tiny_run["resume"].parent / "straight_log.csv").read_text()
     assert (tmp_path / "straight.csv").read_text() != fp32_log
     # and the master weights stay fp32
     assert all(t.dtype == torch.float32 for t in torch.load(straight, weights_only=True).values())

@@ -32,10 +32,11 @@ def fresh(tmp_path):
 def test_dry_run_plans_every_artifact_once(fresh):
     proc = snakemake(fresh, "-n")
     jobs = planned_jobs(proc)
-    expected = {"resolved_config", "tokenize", "straight", "resume", "resumed", "noopt", "noskip",
+    expected = {"settings_table", "tokenize", "straight", "resume", "resumed", "noopt", "noskip",
                 "fp16", "bf16", "inference", "optim", "divergence", "report", "all", "nosched",
                 "halfresume", "resume_fp16", "plots"}
     assert expected <= jobs.keys() and all(jobs[r] == 1 for r in expected)
+    assert jobs["settings"] == 7  # one settings file per entry of READS
     for name in ARTIFACTS:
         assert f"results/{name}" in proc.stdout
     assert not (fresh / "results").exists()  # a dry run makes nothing
@@ -81,7 +82,7 @@ def test_editing_the_training_code_reruns_the_training_rules(pipeline):
         train_py.write_text(text)
         os.utime(train_py, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert {"straight", "resume", "resumed", "noopt", "noskip"} <= plan.keys()
-    assert "tokenize" not in plan and "resolved_config" not in plan
+    assert "tokenize" not in plan and "settings" not in plan
 
 
 @pytest.mark.parametrize(
@@ -135,13 +136,13 @@ def test_naming_only_one_token_file_is_refused(fresh, pipeline):
 
 
 def test_minimind2_small_preset_is_the_real_size(fresh):
-    from mmkit.config import load_config
+    from mmkit.config import load_config, model_config
     from mmkit.model import MiniMindForCausalLM
 
     merged = yaml.safe_load((REPO / "config.yaml").read_text())
     merged.update(yaml.safe_load((REPO / "presets" / "minimind2-small.yaml").read_text()))
     (fresh / "merged.yaml").write_text(yaml.safe_dump(merged))
-    params = MiniMindForCausalLM(load_config(fresh / "merged.yaml").model).num_parameters()
+    params = MiniMindForCausalLM(model_config(load_config(fresh / "merged.yaml"))).num_parameters()
     assert round(params / 1e6, 1) == 25.8  # MiniMind2-small as published
     plan = planned_jobs(snakemake(fresh, "-n", configfiles=("config.yaml", "presets/minimind2-small.yaml")))
     assert plan["straight"] == 1

@@ -5,7 +5,7 @@ rule fp16:
     input:
         code=package("config", "model", "data", "train", "checkpoint"),
         script=SCRIPTS / "half_precision.py",
-        config=RESOLVED_CONFIG,
+        settings=settings("fp16"),
         weights=rules.straight.output.weights,
         val=VAL_TOKENS,
     output:
@@ -18,7 +18,7 @@ rule fp16:
     params:
         dtype="fp16",
     shell:
-        "python {input.script} --config {input.config} --weights {input.weights} --val {input.val}"
+        "python {input.script} --config {input.settings} --weights {input.weights} --val {input.val}"
         " --dtype {params.dtype} --out {output.weights} --json {output.json} 2> {log}"
 
 
@@ -36,7 +36,7 @@ rule inference:
     input:
         code=package("config", "model", "checkpoint", "export"),
         script=SCRIPTS / "export_inference.py",
-        config=RESOLVED_CONFIG,
+        settings=settings("inference"),
         weights=rules.straight.output.weights,
     output:
         safetensors=f"{OUT}/inference/model.safetensors",
@@ -48,7 +48,7 @@ rule inference:
     params:
         outdir=lambda w, output: os.path.dirname(output.config),
     shell:
-        "python {input.script} --config {input.config} --weights {input.weights}"
+        "python {input.script} --config {input.settings} --weights {input.weights}"
         " --outdir {params.outdir} 2> {log}"
 
 
@@ -76,7 +76,7 @@ rule divergence:
     input:
         code=package("config", "model", "data", "train", "checkpoint", "report"),
         script=SCRIPTS / "divergence.py",
-        config=RESOLVED_CONFIG,
+        settings=settings("divergence"),
         val=VAL_TOKENS,
         straight=rules.straight.output.weights,
         straight_log=rules.straight.output.log,
@@ -101,7 +101,7 @@ rule divergence:
             f"--variant {v} {OUT}/{v}.pth {OUT}/{v}_log.csv" for v in VARIANTS
         ),
     shell:
-        "python {input.script} --config {input.config} --val {input.val}"
+        "python {input.script} --config {input.settings} --val {input.val}"
         " --straight {input.straight} {input.straight_log} {params.variants} --csv {output} 2> {log}"
 
 
@@ -123,18 +123,15 @@ rule plots:
         f"{OUT}/logs/plots.log",
     conda:
         ENV
-    params:
-        stop_at=config["stop_at"],
     shell:
-        "python {input.script} --logs {input.logs} --stop-at {params.stop_at}"
+        "python {input.script} --logs {input.logs}"
         " --loss {output.loss} --gap {output.gap} 2> {log}"
 
 
 rule report:
     input:
-        code=package("config", "checkpoint", "report"),
+        code=package("checkpoint", "report"),
         script=SCRIPTS / "report.py",
-        config=RESOLVED_CONFIG,
         resume=rules.resume.output.resume,
         divergence=rules.divergence.output,
         fp16=rules.fp16.output.json,
@@ -154,7 +151,7 @@ rule report:
     conda:
         ENV
     shell:
-        "python {input.script} --config {input.config} --resume {input.resume}"
+        "python {input.script} --resume {input.resume}"
         " --divergence {input.divergence} --fp16 {input.fp16} --bf16 {input.bf16} --optim {input.optim}"
         " --straight-log {input.straight_log} --resumed-log {input.resumed_log}"
         " --plots {input.plots} --timing {input.timing}"

@@ -1,20 +1,49 @@
-rule resolved_config:
+# Each job's settings file: the config keys its rule declares in READS, and nothing else.
+
+
+rule settings:
+    input:
+        code=package(),
+        script=SCRIPTS / "write_text.py",
     output:
-        RESOLVED_CONFIG,
+        f"{OUT}/settings/{{name}}.yaml",
     log:
-        f"{OUT}/logs/resolved_config.log",
+        f"{OUT}/logs/settings/{{name}}.log",
+    wildcard_constraints:
+        name="|".join(READS),
+    localrule: True
     conda:
         ENV
     params:
-        config=config,
-    script:
-        "../scripts/write_config.py"
+        # a param: Snakemake reruns this job when one of its values changes, and so the jobs reading it
+        text=lambda w: yaml.safe_dump(select(config, READS[w.name]), sort_keys=False),
+    shell:
+        "python {input.script} {output} {params.text:q} 2> {log}"
+
+
+# which settings rerun which rules: the README's table, generated from READS and the rules' inputs
+rule settings_table:
+    input:
+        code=package(),
+        script=SCRIPTS / "write_text.py",
+    output:
+        f"{OUT}/settings.md",
+    log:
+        f"{OUT}/logs/settings_table.log",
+    localrule: True
+    conda:
+        ENV
+    params:
+        text=lambda w: settings_table(),
+    shell:
+        "python {input.script} {output} {params.text:q} 2> {log}"
 
 
 rule tokenize:
     input:
-        code=package("data", "checkpoint"),
+        code=package("config", "data", "checkpoint"),
         script=SCRIPTS / "prepare_data.py",
+        settings=settings("tokenize"),
     output:
         tokenizer=f"{OUT}/data/tokenizer.json",
         train=f"{OUT}/data/train.npy",
@@ -23,11 +52,6 @@ rule tokenize:
         f"{OUT}/logs/tokenize.log",
     conda:
         ENV
-    params:
-        corpus=config["data"]["corpus"] or "",
-        vocab_size=config["model"]["vocab_size"],
-        val_fraction=config["data"]["val_fraction"],
     shell:
-        "python {input.script} --corpus '{params.corpus}' --vocab-size {params.vocab_size}"
-        " --val-fraction {params.val_fraction} --tokenizer {output.tokenizer}"
+        "python {input.script} --config {input.settings} --tokenizer {output.tokenizer}"
         " --train {output.train} --val {output.val} 2> {log}"

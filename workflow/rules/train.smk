@@ -7,7 +7,7 @@ rule straight:
     input:
         code=TRAINING_CODE,
         script=RUN,
-        config=RESOLVED_CONFIG,
+        settings=settings("straight"),
         tokens=TRAIN_TOKENS,
     output:
         weights=f"{OUT}/straight.pth",
@@ -19,7 +19,7 @@ rule straight:
         ENV
     threads: config["threads"]
     shell:
-        "python {input.script} --config {input.config} --tokens {input.tokens}"
+        "python {input.script} --config {input.settings} --tokens {input.tokens}"
         " --out {output.weights} --log {output.log} --timing {output.timing} 2> {log}"
 
 
@@ -27,7 +27,7 @@ rule resume:
     input:
         code=TRAINING_CODE,
         script=RUN,
-        config=RESOLVED_CONFIG,
+        settings=settings("resume"),
         tokens=TRAIN_TOKENS,
     output:
         resume=f"{OUT}/resume.pth",
@@ -38,10 +38,8 @@ rule resume:
     conda:
         ENV
     threads: config["threads"]
-    params:
-        stop_at=config["stop_at"],
     shell:
-        "python {input.script} --config {input.config} --tokens {input.tokens} --stop-at {params.stop_at}"
+        "python {input.script} --config {input.settings} --tokens {input.tokens} --stop-at"
         " --out {output.resume} --log {output.log} --timing {output.timing} 2> {log}"
 
 
@@ -49,7 +47,7 @@ rule resumed:
     input:
         code=TRAINING_CODE,
         script=RUN,
-        config=RESOLVED_CONFIG,
+        settings=settings("resumed"),
         tokens=TRAIN_TOKENS,
         resume=rules.resume.output.resume,
     output:
@@ -64,7 +62,7 @@ rule resumed:
     params:
         ablation="",
     shell:
-        "python {input.script} --config {input.config} --tokens {input.tokens} --resume {input.resume}"
+        "python {input.script} --config {input.settings} --tokens {input.tokens} --resume {input.resume}"
         " {params.ablation} --out {output.weights} --log {output.log} --timing {output.timing} 2> {log}"
 
 
@@ -123,7 +121,7 @@ use rule resumed as halfresume with:
     input:
         code=TRAINING_CODE,
         script=RUN,
-        config=RESOLVED_CONFIG,
+        settings=settings("resumed"),
         tokens=TRAIN_TOKENS,
         resume=rules.resume_fp16.output,
     output:

@@ -11,12 +11,12 @@ import torch
 
 from mmkit.atomic import write_text_atomic
 from mmkit.checkpoint import load_weights
-from mmkit.config import load_config
+from mmkit.config import load_config, model_config
 from mmkit.data import load_tokens
 from mmkit.errors import UserError, run_cli
 from mmkit.model import MiniMindForCausalLM
 from mmkit.report import DIVERGENCE_COLUMNS, read_loss_log
-from mmkit.train import eval_loss
+from mmkit.train import EVAL_THREADS, eval_loss
 
 
 def weight_gap(a: dict, b: dict):
@@ -39,13 +39,14 @@ def main():
     args = p.parse_args()
 
     cfg = load_config(args.config)
-    torch.set_num_threads(cfg.threads)
-    val = load_tokens(args.val, cfg.model.vocab_size, cfg.seq_len + 1, "validation tokens")
-    model = MiniMindForCausalLM(cfg.model)
+    arch, seq_len = model_config(cfg), cfg.seq_len
+    torch.set_num_threads(EVAL_THREADS)
+    val = load_tokens(args.val, arch.vocab_size, seq_len + 1, "validation tokens")
+    model = MiniMindForCausalLM(arch)
 
     def val_loss(sd):
         model.load_state_dict(sd)
-        return eval_loss(model, val, cfg.seq_len)
+        return eval_loss(model, val, seq_len)
 
     ref = load_weights(args.straight[0], model)
     ref_log = read_loss_log(args.straight[1])
@@ -54,9 +55,9 @@ def main():
     for name, pth, log in args.variant:
         sd = load_weights(pth, model)
         losses = read_loss_log(log)
-        after_cut = [s for s in losses if s > cfg.stop_at]
+        after_cut = sorted(losses)  # a resumed run logs only the steps after the cut
         if any(s not in ref_log for s in after_cut) or not after_cut:
-            raise UserError(f"{log} covers steps the straight log {args.straight[1]} lacks, or none after the cut")
+            raise UserError(f"{log} covers steps the straight log {args.straight[1]} lacks, or none at all")
         gaps = [abs(losses[s] - ref_log[s]) for s in after_cut]
         max_abs, rel_l2, differing = weight_gap(ref, sd)
         v = val_loss(sd)

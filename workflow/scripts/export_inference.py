@@ -7,7 +7,7 @@ OUTDIR/config.json; the resume file stays what it is, fp32 and ours.
 import argparse
 
 from mmkit.checkpoint import load_weights
-from mmkit.config import load_config
+from mmkit.config import load_config, model_config
 from mmkit.errors import run_cli
 from mmkit.export import write_inference_dir
 from mmkit.model import MiniMindForCausalLM
@@ -20,10 +20,10 @@ def main():
     p.add_argument("--outdir", required=True, help="directory for model.safetensors and config.json")
     args = p.parse_args()
 
-    cfg = load_config(args.config)
+    arch = model_config(load_config(args.config))
     # checked key by key and shape by shape against the model the config describes
-    sd = load_weights(args.weights, MiniMindForCausalLM(cfg.model))
-    write_inference_dir(args.outdir, cfg.model, sd)
+    sd = load_weights(args.weights, MiniMindForCausalLM(arch))
+    write_inference_dir(args.outdir, arch, sd)
     print(f"wrote {args.outdir}/model.safetensors and {args.outdir}/config.json")
 
 

@@ -12,11 +12,11 @@ import torch
 
 from mmkit.atomic import write_text_atomic
 from mmkit.checkpoint import cast_state_dict, load_model, load_weights, save_atomic
-from mmkit.config import load_config
+from mmkit.config import load_config, model_config
 from mmkit.data import load_tokens
 from mmkit.errors import run_cli
 from mmkit.model import MiniMindForCausalLM
-from mmkit.train import logits_on
+from mmkit.train import EVAL_THREADS, logits_on
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -32,16 +32,17 @@ def main():
     args = p.parse_args()
 
     cfg = load_config(args.config)
-    torch.set_num_threads(cfg.threads)
-    val = load_tokens(args.val, cfg.model.vocab_size, cfg.seq_len, "validation tokens")
-    fp32 = MiniMindForCausalLM(cfg.model)
+    arch, seq_len = model_config(cfg), cfg.seq_len
+    torch.set_num_threads(EVAL_THREADS)
+    val = load_tokens(args.val, arch.vocab_size, seq_len, "validation tokens")
+    fp32 = MiniMindForCausalLM(arch)
     sd = load_weights(args.weights, fp32)
     fp32.load_state_dict(sd)
     save_atomic(cast_state_dict(sd, DTYPES[args.dtype]), args.out)
     # load_model widens the half weights back into an fp32 model: only the rounding differs
-    half = load_model(args.out, MiniMindForCausalLM(cfg.model))
+    half = load_model(args.out, MiniMindForCausalLM(arch))
 
-    window = val[: cfg.seq_len]
+    window = val[:seq_len]
     diff = (logits_on(fp32, window) - logits_on(half, window)).abs().max().item()
     result = {
         "fp32_bytes": os.path.getsize(args.weights),

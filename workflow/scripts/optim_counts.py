@@ -25,6 +25,7 @@ def main():
         for t in per_param.values() if t.dim() >= 1
     )
     result = {
+        "step": state["step"],  # the optimizer state after this many steps (AdamW's own counters agree)
         "model_numel": model_numel,
         "optimizer_numel": optimizer_numel,
         "ratio": optimizer_numel / model_numel,

@@ -8,15 +8,13 @@ from pathlib import Path
 
 from mmkit.atomic import write_text_atomic
 from mmkit.checkpoint import load_resume
-from mmkit.config import load_config
 from mmkit.errors import run_cli
 from mmkit.report import read_divergence, render, summary_table, tail_lines_equal
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--config", required=True)
-    p.add_argument("--resume", required=True, help="resume file (its fingerprint names torch, device, threads)")
+    p.add_argument("--resume", required=True, help="resume file: its fingerprint holds the run's settings")
     p.add_argument("--divergence", required=True)
     p.add_argument("--fp16", required=True)
     p.add_argument("--bf16", required=True)
@@ -29,16 +27,17 @@ def main():
     p.add_argument("--summary", required=True, help="summary.md: the README's results table")
     args = p.parse_args()
 
-    cfg = load_config(args.config)
-    fingerprint = load_resume(args.resume)["fingerprint"]
+    resume = load_resume(args.resume)
+    fingerprint = resume["fingerprint"]
     optim = read_json(args.optim)
     timing = {Path(f).stem: read_json(f)["train_seconds"] for f in args.timing}
     longest = max(timing, key=timing.get)
     env = {
-        **{k: getattr(cfg, k) for k in ("seed", "batch_size", "seq_len", "lr", "steps", "stop_at", "precision")},
-        "model": cfg.model.to_dict(),
+        # the settings as the resume file recorded them, so the report reads no config of its own
+        **{k: fingerprint[k] for k in ("seed", "batch_size", "seq_len", "lr", "steps", "precision", "model",
+                                       "torch", "device", "threads")},
+        "stop_at": resume["step"],
         "params": optim["model_numel"],
-        **{k: fingerprint[k] for k in ("torch", "device", "threads")},
         "jobs": len(timing), "train_seconds": sum(timing.values()),
         "longest_job": longest, "longest_seconds": timing[longest],
     }

@@ -2,6 +2,7 @@
 
   run.py --config C --tokens T --out straight.pth --log straight_log.csv
   run.py --config C --tokens T --out resume.pth --stop-at 30            # OUT is then the resume file
+  run.py --config C --tokens T --out resume.pth --stop-at               # ... stopped at the config's stop_at
   run.py --config C --tokens T --out resumed.pth --log L --resume resume.pth [--no-optim|--no-skip|--restart-schedule]
 """
 
@@ -11,7 +12,7 @@ import time
 
 from mmkit.atomic import write_text_atomic
 from mmkit.checkpoint import check_fits, read_resume, resume_state, save_atomic
-from mmkit.config import load_config
+from mmkit.config import load_config, run_config
 from mmkit.data import load_tokens
 from mmkit.errors import UserError, run_cli
 from mmkit.train import build, fingerprint, make_deterministic, train
@@ -19,11 +20,12 @@ from mmkit.train import build, fingerprint, make_deterministic, train
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, help="resolved config YAML (same keys as config.yaml)")
+    p.add_argument("--config", required=True, help="config YAML: config.yaml, or a job's settings file")
     p.add_argument("--tokens", required=True, help="training tokens, 1-D integer .npy")
     p.add_argument("--out", required=True, help="weights file, or the resume file with --stop-at")
     p.add_argument("--log", help="CSV step,train_loss of the steps this run trains")
-    p.add_argument("--stop-at", type=int, help="stop after this step and write a resume file to --out")
+    p.add_argument("--stop-at", nargs="?", const="config", type=step_number,
+                   help="stop after this step (alone: the config's stop_at) and write a resume file to --out")
     p.add_argument("--resume", help="continue from this resume file")
     p.add_argument("--no-optim", action="store_true", help="ablation: start AdamW afresh on resume")
     p.add_argument("--no-skip", action="store_true", help="ablation: re-seed the batch generator on resume")
@@ -34,7 +36,9 @@ def main():
     if (args.no_optim or args.no_skip or args.restart_schedule) and not args.resume:
         raise UserError("--no-optim, --no-skip and --restart-schedule only make sense with --resume")
 
-    cfg = load_config(args.config)
+    settings = load_config(args.config)
+    cfg = run_config(settings)
+    stop_at = settings.stop_at if args.stop_at == "config" else args.stop_at
     device = make_deterministic(cfg)
     tokens = load_tokens(args.tokens, cfg.model.vocab_size, cfg.seq_len + 2, "training tokens")
     model, optimizer, batch_generator = build(cfg, device)
@@ -56,7 +60,7 @@ def main():
             batch_generator.set_state(state["gen_state"])
         first_step = state["step"] + 1
 
-    last_step = cfg.steps if args.stop_at is None else args.stop_at
+    last_step = cfg.steps if stop_at is None else stop_at
     if not first_step <= last_step <= cfg.steps:
         raise UserError(f"nothing to train: steps {first_step}..{last_step} of {cfg.steps}")
 
@@ -66,7 +70,7 @@ def main():
             train(cfg, device, model, optimizer, batch_generator, tokens, first_step, last_step, offset)]
     seconds = time.perf_counter() - t0
 
-    if args.stop_at is not None:
+    if stop_at is not None:
         save_atomic(resume_state(model, optimizer, last_step, batch_generator, fp), args.out)
     else:
         save_atomic(model.state_dict(), args.out)
@@ -76,6 +80,10 @@ def main():
         timing = {"first_step": first_step, "last_step": last_step, "train_seconds": seconds,
                   "threads": cfg.threads, "device": device, "precision": cfg.precision}
         write_text_atomic(args.timing, json.dumps(timing, indent=2) + "\n")
+
+
+def step_number(text: str):
+    return text if text == "config" else int(text)
 
 
 if __name__ == "__main__":

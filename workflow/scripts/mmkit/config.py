@@ -1,12 +1,19 @@
-"""The experiment's configuration: one schema, checked the same way by the Snakefile and by run.py."""
+"""The experiment's configuration: one schema, one loader, for the Snakefile and every script.
 
+A job is handed only the keys its rule declares (workflow/rules/common.smk, READS), in a settings file
+of its own. Reading any other key fails at once, so no job can depend on a setting whose change would
+not rerun it; every key read is recorded and named in the job's log when it succeeds.
+"""
+
+import copy
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import jsonschema
 import yaml
 
-from .errors import UserError
+from .errors import AT_SUCCESS, UserError
 from .model import ModelConfig
 
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
@@ -14,44 +21,104 @@ SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
 
 @dataclass(frozen=True)
 class RunConfig:
+    """What a training job reads: everything the model, the optimizer, the batches and the LR depend on."""
     seed: int
     batch_size: int
     seq_len: int
     lr: float
     steps: int
-    stop_at: int
     threads: int
     device: str
     precision: str
     model: ModelConfig
 
 
-def check_config(cfg: dict) -> None:
-    """Raise UserError naming the key when cfg breaks the schema or a rule the schema cannot say."""
+class Settings:
+    """Config values read as attributes (cfg.seq_len, cfg.model.vocab_size), only those the file holds."""
+
+    def __init__(self, values: dict, source: str, prefix: str = "", read: set | None = None):
+        self._values, self._source, self._prefix = values, source, prefix
+        self._read = set() if read is None else read
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        key = self._prefix + name
+        if name not in self._values:
+            raise UserError(
+                f"config key '{key}' is not in {self._source}: this job's rule does not declare it "
+                "(add it to the rule's entry in READS, workflow/rules/common.smk)"
+            )
+        value = self._values[name]
+        if isinstance(value, dict):
+            return Settings(value, self._source, f"{key}.", self._read)
+        self._read.add(key)
+        return value
+
+    def keys_read(self) -> list[str]:
+        return sorted(self._read)
+
+
+def leaf_keys(cfg: dict, prefix: str = "") -> list[str]:
+    """Dotted names of every value in a nested config: model.vocab_size, data.corpus, seed, ..."""
+    keys = []
+    for k, v in cfg.items():
+        keys += leaf_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else [prefix + k]
+    return keys
+
+
+def select(cfg: dict, keys) -> dict:
+    """The part of CFG that KEYS name ('model' takes the whole section, 'model.vocab_size' one entry)."""
+    out = {}
+    for key in keys:
+        *parents, last = key.split(".")
+        src, dst = cfg, out
+        for p in parents:
+            src, dst = src[p], dst.setdefault(p, {})
+        dst[last] = copy.deepcopy(src[last])
+    return out
+
+
+def _without_required(schema: dict) -> dict:
+    schema = {k: v for k, v in schema.items() if k != "required"}
+    if "properties" in schema:
+        schema["properties"] = {k: _without_required(v) for k, v in schema["properties"].items()}
+    return schema
+
+
+def check_config(cfg: dict, partial: bool = False) -> None:
+    """Raise UserError naming the key when cfg breaks the schema or a rule the schema cannot say.
+
+    partial: cfg holds some of the keys (a job's settings file); each one present is checked.
+    """
     schema = yaml.safe_load(SCHEMA.read_text())
+    if partial:
+        schema = _without_required(schema)
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(cfg), key=lambda e: list(e.path))
     if errors:
         e = errors[0]
         key = ".".join(str(p) for p in e.path) or "(top level)"
         raise UserError(f"config key '{key}': {e.message}")
-    m = cfg["model"]
-    if not 1 <= cfg["stop_at"] <= cfg["steps"] - 1:
+    if "stop_at" in cfg and "steps" in cfg and not 1 <= cfg["stop_at"] <= cfg["steps"] - 1:
         raise UserError(f"config key 'stop_at': {cfg['stop_at']} must lie in 1..steps-1 (steps = {cfg['steps']})")
-    if m["hidden_size"] % m["num_attention_heads"]:
-        raise UserError(
-            f"config key 'model.num_attention_heads': {m['num_attention_heads']} does not divide "
-            f"model.hidden_size {m['hidden_size']}"
-        )
-    if (m["hidden_size"] // m["num_attention_heads"]) % 2:
-        raise UserError("config key 'model.num_attention_heads': head size hidden_size/heads must be even for RoPE")
-    if m["num_attention_heads"] % m["num_key_value_heads"]:
-        raise UserError(
-            f"config key 'model.num_key_value_heads': {m['num_key_value_heads']} does not divide "
-            f"model.num_attention_heads {m['num_attention_heads']}"
-        )
+    m = cfg.get("model", {})
+    if {"hidden_size", "num_attention_heads", "num_key_value_heads"} <= m.keys():
+        if m["hidden_size"] % m["num_attention_heads"]:
+            raise UserError(
+                f"config key 'model.num_attention_heads': {m['num_attention_heads']} does not divide "
+                f"model.hidden_size {m['hidden_size']}"
+            )
+        if (m["hidden_size"] // m["num_attention_heads"]) % 2:
+            raise UserError("config key 'model.num_attention_heads': head size hidden_size/heads must be even for RoPE")
+        if m["num_attention_heads"] % m["num_key_value_heads"]:
+            raise UserError(
+                f"config key 'model.num_key_value_heads': {m['num_key_value_heads']} does not divide "
+                f"model.num_attention_heads {m['num_attention_heads']}"
+            )
 
 
-def load_config(path) -> RunConfig:
+def load_config(path) -> Settings:
+    """A job's settings file (or a whole config.yaml), checked; keys read are logged when the job ends."""
     try:
         cfg = yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
@@ -60,9 +127,22 @@ def load_config(path) -> RunConfig:
         raise UserError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(cfg, dict):
         raise UserError(f"config file {path} does not hold a mapping of keys")
-    check_config(cfg)
-    fields = RunConfig.__dataclass_fields__
-    return RunConfig(
-        **{k: cfg[k] for k in fields if k != "model"},
-        model=ModelConfig(**cfg["model"]),
-    )
+    check_config(cfg, partial=True)
+    settings = Settings(cfg, f"config file {path}")
+    AT_SUCCESS.append(lambda: print(f"config keys read from {path}: {' '.join(settings.keys_read())}",
+                                    file=sys.stderr))
+    return settings
+
+
+def model_config(cfg: Settings) -> ModelConfig:
+    """The architecture: every model.* key (a change to any one reruns whoever builds the model)."""
+    return ModelConfig(**{k: getattr(cfg.model, k) for k in MODEL_KEYS})
+
+
+def run_config(cfg: Settings) -> RunConfig:
+    """Every training key, read now, so a job missing one fails before its first step."""
+    fields = [f for f in RunConfig.__dataclass_fields__ if f != "model"]
+    return RunConfig(**{k: getattr(cfg, k) for k in fields}, model=model_config(cfg))
+
+
+MODEL_KEYS = tuple(yaml.safe_load(SCHEMA.read_text())["properties"]["model"]["properties"])

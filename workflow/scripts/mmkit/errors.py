@@ -2,6 +2,9 @@
 
 import sys
 
+# called after main() returns: the config loader logs which keys the job read
+AT_SUCCESS = []
+
 
 class UserError(Exception):
     """Bad input (a config value, a token file, a checkpoint) described in one line."""
@@ -14,3 +17,5 @@ def run_cli(main) -> None:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    for callback in AT_SUCCESS:
+        callback()

@@ -89,7 +89,10 @@ def render(env: dict, optim: dict, halves: dict, divergence: list[dict], log_mat
         f"KV {env['model']['num_key_value_heads']}, 어휘 {env['model']['vocab_size']}), 시드 {env['seed']}, "
         f"배치 {env['batch_size']}, 길이 {env['seq_len']}, lr {env['lr']}, 총 {env['steps']} 스텝, "
         f"{env['stop_at']} 스텝에서 중단. 환경: torch {env['torch']}, {env['device']}, 스레드 {env['threads']}, "
-        f"정밀도 {env['precision']}. 학습 작업 {env['jobs']}개의 학습 시간 합계 {env['train_seconds']:.1f}초 "
+        f"정밀도 {env['precision']}.",
+        "",
+        # wall time on a line of its own: the one line of the report that differs between two identical builds
+        f"학습 시간: 학습 작업 {env['jobs']}개의 합계 {env['train_seconds']:.1f}초 "
         f"(가장 긴 작업 {env['longest_job']}: {env['longest_seconds']:.1f}초).",
         "",
         "## 무엇을 저장하나",

@@ -16,6 +16,9 @@ from .errors import UserError
 from .model import MiniMindForCausalLM
 
 WEIGHT_DECAY = 0.01
+# evaluation (half-precision logits, val loss) runs on 1 thread, so its numbers depend on the weights
+# alone and not on the thread count that trained them
+EVAL_THREADS = 1
 GRAD_CLIP = 1.0
 
 
