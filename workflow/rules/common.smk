@@ -52,6 +52,7 @@ TRAINING = [
     "threads",
     "device",
     "precision",
+    "nonfinite",
     "model",
 ]
 READS = {

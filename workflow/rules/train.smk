@@ -130,3 +130,5 @@ use rule resumed as halfresume with:
         timing=f"{OUT}/timing/halfresume.json",
     log:
         f"{OUT}/logs/halfresume.log",
+    params:
+        ablation="--allow-mismatch",  # its fingerprint says fp16 weights: resumed on purpose, not bit-exact

@@ -5,9 +5,10 @@ Works on a resume file too (its "model" entry is compared).
 """
 
 import argparse
+import math
 import sys
 
-from mmkit.checkpoint import compare_state_dicts, load_file
+from mmkit.checkpoint import compare_state_dicts, count_nonfinite, load_file
 from mmkit.errors import UserError, run_cli
 
 
@@ -28,14 +29,24 @@ def main():
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
     args = p.parse_args()
 
-    diffs = compare_state_dicts(weights_of(args.a), weights_of(args.b))
+    a, b = weights_of(args.a), weights_of(args.b)
+    diffs = compare_state_dicts(a, b)
+    # NaN <= atol is False: a tensor with a NaN or Inf the other side lacks always differs
     differing = [k for k, d in diffs.items() if d is None or not d <= args.atol]
     if not args.quiet:
         for k, d in diffs.items():
             mark = "DIFF" if k in differing else "same"
-            print(f"{mark}  {'missing or other shape' if d is None else f'{d:.3e}'}  {k}")
-    worst = max((d for d in diffs.values() if d is not None), default=0.0)
-    print(f"{len(differing)} of {len(diffs)} tensors differ; max |diff| {worst:.3e}")
+            if d is None:
+                what = "missing or other shape"
+            elif math.isnan(d):
+                what = f"non-finite values (A: {count_nonfinite(a[k])}, B: {count_nonfinite(b[k])})"
+            else:
+                what = f"{d:.3e}"
+            print(f"{mark}  {what}  {k}")
+    finite = [d for d in diffs.values() if d is not None and not math.isnan(d)]
+    nonfinite = sum(d is not None and math.isnan(d) for d in diffs.values())
+    worst = f"{max(finite, default=0.0):.3e}" + (f" over the finite ones; {nonfinite} hold NaN/Inf" if nonfinite else "")
+    print(f"{len(differing)} of {len(diffs)} tensors differ; max |diff| {worst}")
     sys.exit(1 if differing else 0)
 
 

@@ -8,7 +8,7 @@ import argparse
 
 import torch
 
-from mmkit.checkpoint import cast_state_dict, load_resume, save_atomic
+from mmkit.checkpoint import cast_state_dict, load_resume, save_atomic, seal
 from mmkit.errors import run_cli
 
 
@@ -19,7 +19,10 @@ def main():
     args = p.parse_args()
 
     state = load_resume(args.resume)
-    save_atomic({**state, "model": cast_state_dict(state["model"], torch.float16)}, args.out)
+    # the fingerprint says so: resuming from it is refused unless --allow-mismatch, as it is not bit-exact
+    fingerprint = {**state["fingerprint"], "weights_dtype": "float16"}
+    halved = {**state, "model": cast_state_dict(state["model"], torch.float16), "fingerprint": fingerprint}
+    save_atomic(seal(halved), args.out)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,13 @@
 
 import argparse
 import json
+import sys
 import time
 
 from mmkit.atomic import write_text_atomic
-from mmkit.checkpoint import check_fits, read_resume, resume_state, save_atomic
+from mmkit.checkpoint import check_resume, read_resume, resume_state, save_atomic
 from mmkit.config import load_config, run_config
-from mmkit.data import load_tokens
+from mmkit.data import generator_at, load_tokens
 from mmkit.errors import UserError, run_cli
 from mmkit.train import build, fingerprint, make_deterministic, train
 
@@ -44,40 +45,47 @@ def main():
     model, optimizer, batch_generator = build(cfg, device)
     fp = fingerprint(cfg, device, tokens)
 
-    first_step = 1
+    last_step = cfg.steps if stop_at is None else stop_at
+    first_step, skipped_steps = 1, 0
     if args.resume:
         state = read_resume(args.resume, fp, args.allow_mismatch)
-        check_fits(state["model"], model, f"resume file {args.resume}")
+        # the ablations throw an entry away: it is named, not checked, not loaded
+        ignore = ("optimizer",) * args.no_optim + ("gen_state",) * args.no_skip
+        for entry in ignore:
+            print(f"resume: ignoring entry '{entry}' of {args.resume}", file=sys.stderr)
+        check_resume(state, args.resume, model=model, optimizer=optimizer, last_step=last_step, ignore=ignore,
+                     expected_gen_state=lambda step: generator_at(
+                         cfg.seed, step, len(tokens), cfg.batch_size, cfg.seq_len).get_state())
         model.load_state_dict(state["model"])
         if not args.no_optim:
-            try:
-                optimizer.load_state_dict(state["optimizer"])
-            except (ValueError, KeyError, RuntimeError) as e:
-                raise UserError(f"resume file {args.resume}: optimizer state does not fit ({e})") from None
+            optimizer.load_state_dict(state["optimizer"])
         if args.no_skip:
             batch_generator.manual_seed(cfg.seed)  # back to step 1's batches: what a rewound sampler does
         else:
             batch_generator.set_state(state["gen_state"])
-        first_step = state["step"] + 1
+        first_step, skipped_steps = state["step"] + 1, state["skipped_steps"]
 
-    last_step = cfg.steps if stop_at is None else stop_at
     if not first_step <= last_step <= cfg.steps:
         raise UserError(f"nothing to train: steps {first_step}..{last_step} of {cfg.steps}")
 
     t0 = time.perf_counter()
     offset = first_step - 1 if args.restart_schedule else 0
-    rows = [f"{step},{loss:.6f}" for step, loss in
-            train(cfg, device, model, optimizer, batch_generator, tokens, first_step, last_step, offset)]
+    rows = []
+    for step, loss, skipped in train(cfg, device, model, optimizer, batch_generator, tokens, first_step, last_step,
+                                     offset):
+        rows.append(f"{step},{loss:.6f}")
+        skipped_steps += skipped
     seconds = time.perf_counter() - t0
 
     if stop_at is not None:
-        save_atomic(resume_state(model, optimizer, last_step, batch_generator, fp), args.out)
+        save_atomic(resume_state(model, optimizer, last_step, skipped_steps, batch_generator, fp), args.out)
     else:
         save_atomic(model.state_dict(), args.out)
     if args.log:
         write_text_atomic(args.log, "step,train_loss\n" + "\n".join(rows) + "\n")
     if args.timing:
-        timing = {"first_step": first_step, "last_step": last_step, "train_seconds": seconds,
+        timing = {"first_step": first_step, "last_step": last_step, "skipped_steps": skipped_steps,
+                  "train_seconds": seconds,
                   "threads": cfg.threads, "device": device, "precision": cfg.precision}
         write_text_atomic(args.timing, json.dumps(timing, indent=2) + "\n")
 

@@ -5,10 +5,13 @@ Two kinds of file, kept apart as in MiniMind's lm_checkpoint:
   resume file   - everything the next step depends on, in fp32 (see resume_state)
 """
 
+import hashlib
+import math
 import pickle
 import re
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -16,8 +19,7 @@ import torch
 from .atomic import write_atomic
 from .errors import UserError
 
-FORMAT_VERSION = 1
-RESUME_KEYS = ("model", "optimizer", "step", "gen_state", "fingerprint")
+FORMAT_VERSION = 2  # 2: skipped_steps, digests and the weights' dtype in the fingerprint
 
 
 # --- committing files (mmkit.atomic does the committing) ---------------------------------------
@@ -76,6 +78,8 @@ def check_fits(sd: dict, model: torch.nn.Module, source: str) -> None:
     if missing or extra:
         raise UserError(f"{source} does not fit the model: missing {missing[:3]}, unexpected {extra[:3]}")
     for k, t in expected.items():
+        if not isinstance(sd[k], torch.Tensor):
+            raise UserError(f"{source}: {k} is a {type(sd[k]).__name__}, not a tensor")
         if sd[k].shape != t.shape:
             raise UserError(
                 f"{source} does not fit the model: {k} has shape {list(sd[k].shape)}, "
@@ -92,15 +96,50 @@ def load_model(path, model: torch.nn.Module) -> torch.nn.Module:
 # --- the resume file --------------------------------------------------------------------------
 
 
-def resume_state(model, optimizer, step: int, generator: torch.Generator, fingerprint: dict) -> dict:
+def resume_state(model, optimizer, step: int, skipped_steps: int, generator: torch.Generator,
+                 fingerprint: dict) -> dict:
     """Everything step+1 depends on. Leave one out and the resumed run silently differs."""
-    return {
+    return seal({
         "model": model.state_dict(),  # fp32 weights: half precision here would change the next step
         "optimizer": optimizer.state_dict(),  # AdamW's exp_avg and exp_avg_sq per parameter, and its step
         "step": step,  # the LR schedule continues from here, counted on the total steps
+        "skipped_steps": skipped_steps,  # updates skipped for a non-finite loss: AdamW counted step - these
         "gen_state": generator.get_state(),  # the data position: which batch comes next
         "fingerprint": fingerprint,  # what must match for the continuation to be bit-exact
-    }
+    })
+
+
+RESUME_KEYS = ("model", "optimizer", "step", "skipped_steps", "gen_state", "fingerprint", "digests")
+SEALED = ("model", "optimizer", "step", "skipped_steps", "gen_state")
+
+
+def seal(state: dict) -> dict:
+    """Add the sha256 of each entry: an edit or a flipped bit that no other check sees is still refused."""
+    return {**state, "digests": {k: digest(state[k]) for k in SEALED}}
+
+
+def digest(obj) -> str:
+    h = hashlib.sha256()
+
+    def feed(x):
+        if isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous().reshape(-1)
+            h.update(f"T{t.dtype}{tuple(x.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes())
+        elif isinstance(x, dict):
+            h.update(f"D{len(x)}".encode())
+            for k in sorted(x, key=repr):
+                feed(k)
+                feed(x[k])
+        elif isinstance(x, (list, tuple)):
+            h.update(f"L{len(x)}".encode())
+            for v in x:
+                feed(v)
+        else:
+            h.update(f"{type(x).__name__}:{x!r};".encode())
+
+    feed(obj)
+    return h.hexdigest()
 
 
 def load_resume(path) -> dict:
@@ -111,15 +150,16 @@ def load_resume(path) -> dict:
     missing = [k for k in RESUME_KEYS if k not in state]
     if missing:
         raise UserError(f"resume file {path} lacks {', '.join(repr(k) for k in missing)}")
-    if not (isinstance(state["step"], int) and isinstance(state["gen_state"], torch.Tensor)
-            and isinstance(state["model"], dict) and isinstance(state["optimizer"], dict)
-            and isinstance(state["fingerprint"], dict)):
-        raise UserError(f"resume file {path} has entries of the wrong type")
+    types = {"model": dict, "optimizer": dict, "step": int, "skipped_steps": int, "gen_state": torch.Tensor,
+             "fingerprint": dict, "digests": dict}
+    for k, kind in types.items():
+        if not isinstance(state[k], kind) or (kind is int and isinstance(state[k], bool)):
+            raise UserError(f"resume file {path}: entry '{k}' is of type {type(state[k]).__name__}, not {kind.__name__}")
     return state
 
 
 def read_resume(path, fingerprint: dict, allow_mismatch: bool = False) -> dict:
-    """Load and check a resume file; refuse one made under other settings unless allow_mismatch."""
+    """Load a resume file; refuse one made under other settings unless allow_mismatch."""
     state = load_resume(path)
     saved = state["fingerprint"]
     if saved.get("format") != FORMAT_VERSION:
@@ -146,6 +186,102 @@ def fingerprint_diff(saved: dict, current: dict, prefix: str = "") -> list[str]:
     return diffs
 
 
+def check_resume(state: dict, path, *, model, optimizer, expected_gen_state: Callable[[int], torch.Tensor],
+                 last_step: int, ignore: tuple = ()) -> None:
+    """Every entry of a resume file checked against what this run built, before a single step runs.
+
+    Each failure is one UserError naming the entry. Entries in IGNORE (an ablation's --no-optim,
+    --no-skip) are not checked: the run throws them away.
+    """
+    def refuse(entry, what):
+        raise UserError(f"resume file {path}: entry '{entry}' {what}")
+
+    step, skipped = state["step"], state["skipped_steps"]
+    if not 1 <= step < last_step:
+        refuse("step", f"is {step}; this run can continue only from a step in 1..{last_step - 1}")
+    if not 0 <= skipped <= step:
+        refuse("skipped_steps", f"is {skipped}; it must lie in 0..step ({step})")
+
+    # weights: every tensor the model has, of the shape it has, in the file's own dtype, finite, ties kept
+    check_fits(state["model"], model, f"resume file {path}: entry 'model'")
+    dtype = state["fingerprint"].get("weights_dtype")
+    for name, t in state["model"].items():
+        if str(t.dtype).removeprefix("torch.") != dtype:
+            refuse("model", f"tensor {name} is {t.dtype}, the fingerprint says {dtype}")
+        if not torch.isfinite(t).all():
+            refuse("model", f"tensor {name} holds {count_nonfinite(t)} non-finite values")
+    for name, tied_to in tied_names(model).items():
+        if not torch.equal(state["model"][name], state["model"][tied_to]):
+            refuse("model", f"tensor {name} differs from {tied_to}, which the model ties it to")
+
+    if "optimizer" not in ignore:
+        check_optimizer_state(state["optimizer"], optimizer, step - skipped, refuse)
+    if "gen_state" not in ignore:
+        g = state["gen_state"]
+        expected = expected_gen_state(step)
+        if g.dtype != torch.uint8 or g.shape != expected.shape:
+            refuse("gen_state", f"is a {g.dtype} tensor of shape {list(g.shape)}, "
+                                f"the batch generator's state is uint8 of shape {list(expected.shape)}")
+        if not torch.equal(g, expected):
+            refuse("gen_state", f"is not the data position after {step} batches of this run")
+
+    for k in SEALED:
+        if k not in ignore and digest(state[k]) != state["digests"].get(k):
+            refuse(k, "does not match the sha256 recorded when the file was saved (edited or damaged)")
+
+
+def check_optimizer_state(saved: dict, optimizer, updates: int, refuse) -> None:
+    """AdamW's state as this run's optimizer would hold it after UPDATES updates."""
+    built = optimizer.state_dict()
+    groups, state = saved.get("param_groups"), saved.get("state")
+    if not isinstance(groups, list) or not isinstance(state, dict):
+        refuse("optimizer", "lacks 'param_groups' or 'state'")
+    if len(groups) != len(built["param_groups"]):
+        refuse("optimizer", f"has {len(groups)} parameter groups, this run's optimizer {len(built['param_groups'])}")
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for saved_group, group in zip(groups, built["param_groups"]):
+        if not isinstance(saved_group, dict) or saved_group.get("params") != group["params"]:
+            refuse("optimizer", "has parameter groups that list other parameters than this run's")
+        # lr is set every step from the schedule; every other hyperparameter must be this run's
+        differing = [k for k in group if k not in ("params", "lr") and saved_group.get(k) != group[k]]
+        if differing:
+            refuse("optimizer", "has other hyperparameters: " + ", ".join(
+                f"{k} {saved_group.get(k)} in the file, {group[k]} now" for k in differing))
+    if set(state) != set(range(len(params))) or not all(type(k) is int for k in state):
+        refuse("optimizer", f"holds state for {len(state)} parameters, this run has {len(params)}")
+    for i, p in enumerate(params):
+        entry = state[i]
+        if not isinstance(entry, dict) or sorted(entry) != ["exp_avg", "exp_avg_sq", "step"]:
+            refuse("optimizer", f"state of parameter {i} is not AdamW's exp_avg, exp_avg_sq and step")
+        for k in ("exp_avg", "exp_avg_sq"):
+            t = entry[k]
+            if not isinstance(t, torch.Tensor) or t.shape != p.shape or t.dtype != p.dtype:
+                refuse("optimizer", f"{k} of parameter {i} is not a {p.dtype} tensor of shape {list(p.shape)}")
+            if not torch.isfinite(t).all():
+                refuse("optimizer", f"{k} of parameter {i} holds {count_nonfinite(t)} non-finite values")
+        if (entry["exp_avg_sq"] < 0).any():
+            refuse("optimizer", f"exp_avg_sq of parameter {i} is negative somewhere (it is a mean of squares)")
+        counter = entry["step"]
+        if not isinstance(counter, torch.Tensor) or counter.numel() != 1 or counter.item() != updates:
+            refuse("optimizer", f"step of parameter {i} is {counter!r}, the file's step says {updates} updates")
+
+
+def tied_names(model) -> dict:
+    """{name: the first name of the same tensor} for every state_dict entry the model ties to another."""
+    first, tied = {}, {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+        if key in first:
+            tied[name] = first[key]
+        else:
+            first[key] = name
+    return tied
+
+
+def count_nonfinite(t: torch.Tensor) -> int:
+    return int((~torch.isfinite(t)).sum()) if t.is_floating_point() else 0
+
+
 # --- half precision and comparison ------------------------------------------------------------
 
 
@@ -164,13 +300,25 @@ def cast_state_dict(sd: dict, dtype: torch.dtype) -> dict:
 
 
 def compare_state_dicts(a: dict, b: dict) -> dict:
-    """Max |a - b| per tensor name; None where a name is missing on one side or shapes differ."""
+    """Max |a - b| per tensor name: 0.0 for identical bits; None where a name is missing on one side or
+    the shapes differ; NaN where either side holds a NaN or Inf that the other does not hold bit for bit
+    (a difference computed around it would be a number that means nothing)."""
     diffs = {}
     for k in sorted(set(a) | set(b)):
         if k not in a or k not in b or a[k].shape != b[k].shape:
             diffs[k] = None
-        elif a[k].numel() == 0:
+        elif same_bits(a[k], b[k]):
             diffs[k] = 0.0
+        elif count_nonfinite(a[k]) or count_nonfinite(b[k]):
+            diffs[k] = math.nan
         else:
             diffs[k] = (a[k].double() - b[k].double()).abs().max().item()
     return diffs
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and bytes: NaN payloads included, unlike torch.equal, which also ignores dtype."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    flat = [t.detach().cpu().contiguous().reshape(-1).view(torch.uint8) for t in (a, b)]
+    return torch.equal(*flat)

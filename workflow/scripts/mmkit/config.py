@@ -30,6 +30,7 @@ class RunConfig:
     threads: int
     device: str
     precision: str
+    nonfinite: str
     model: ModelConfig
 
 

@@ -89,9 +89,25 @@ def load_tokens(path, vocab_size: int, min_len: int, what: str = "token file") -
     return arr
 
 
+def draw_windows(n_tokens: int, batch_size: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
+    """Where one batch's windows start: the only draw from the batch generator."""
+    return torch.randint(0, n_tokens - seq_len - 1, (batch_size,), generator=generator)
+
+
+def generator_at(seed: int, batches: int, n_tokens: int, batch_size: int, seq_len: int) -> torch.Generator:
+    """The batch generator after BATCHES batches: the data position a resume file at that step must hold.
+
+    Costs one small draw per batch and reads no tokens, so a resume file's gen_state can be checked.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(batches):
+        draw_windows(n_tokens, batch_size, seq_len, generator)
+    return generator
+
+
 def get_batch(tokens: np.ndarray, batch_size: int, seq_len: int, generator: torch.Generator):
     """Random windows drawn with the run's own generator: its state IS the data position."""
-    ix = torch.randint(0, len(tokens) - seq_len - 1, (batch_size,), generator=generator)
+    ix = draw_windows(len(tokens), batch_size, seq_len, generator)
     x = torch.stack([torch.from_numpy(tokens[i : i + seq_len].astype(np.int64)) for i in ix.tolist()])
     y = torch.stack([torch.from_numpy(tokens[i + 1 : i + 1 + seq_len].astype(np.int64)) for i in ix.tolist()])
     return x, y

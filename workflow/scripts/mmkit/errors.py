@@ -1,4 +1,4 @@
-"""The one error type a user can fix: scripts print it as a single line and exit non-zero."""
+"""The errors a user can fix: scripts print them as a single line and exit non-zero (2; 3 for NaN/Inf)."""
 
 import sys
 
@@ -9,6 +9,14 @@ AT_SUCCESS = []
 class UserError(Exception):
     """Bad input (a config value, a token file, a checkpoint) described in one line."""
 
+    exit_code = 2
+
+
+class NonFiniteError(UserError):
+    """Training met a NaN or Inf loss or gradient: its own exit status, so schedulers can tell it apart."""
+
+    exit_code = 3
+
 
 def run_cli(main) -> None:
     """Run main(); turn a UserError into one line on stderr and exit status 2."""
@@ -16,6 +24,6 @@ def run_cli(main) -> None:
         main()
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(e.exit_code)
     for callback in AT_SUCCESS:
         callback()

@@ -100,7 +100,9 @@ def render(env: dict, optim: dict, halves: dict, divergence: list[dict], log_mat
         "재개 파일 `resume.pth`에는 다음 스텝이 의존하는 모든 것이 들어 있다: 가중치(`model`, fp32), "
         "AdamW 상태(`optimizer`: 매개변수마다 exp_avg·exp_avg_sq와 step), 스텝 번호(`step`, 학습률은 "
         "전체 스텝 기준으로 이어서 계산), 배치 생성기 상태(`gen_state`, 다음에 뽑을 배치), 그리고 "
-        "비트 단위 일치에 필요한 설정의 지문(`fingerprint`: torch 버전, 스레드 수, 장치, 모델 크기 등). "
+        "비트 단위 일치에 필요한 설정의 지문(`fingerprint`: torch 버전, 스레드 수, 장치, 모델 크기 등), "
+        "NaN/Inf로 건너뛴 갱신 수(`skipped_steps`), 항목마다 저장 시점의 sha256(`digests`). 재개하기 전에 "
+        "모든 항목의 형식·모양·dtype·범위·유한성을 이 실행이 만든 모델과 옵티마이저에 맞춰 검사한다. "
         "`resume.pth.tmp`에 모두 쓰고 fsync한 뒤 `os.replace`로 이름을 바꾸므로, 저장 중에 죽어도 "
         "온전한 파일이 남는다.",
         "",

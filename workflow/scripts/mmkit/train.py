@@ -12,7 +12,7 @@ import torch
 from .checkpoint import FORMAT_VERSION
 from .config import RunConfig
 from .data import get_batch
-from .errors import UserError
+from .errors import NonFiniteError, UserError
 from .model import MiniMindForCausalLM
 
 WEIGHT_DECAY = 0.01
@@ -69,6 +69,8 @@ def fingerprint(cfg: RunConfig, device: str, train_tokens) -> dict:
         "threads": cfg.threads,
         "device": device,
         "precision": cfg.precision,
+        "weights_dtype": "float32",  # master weights: a resume file in half precision is not this run's
+        "nonfinite": cfg.nonfinite,
         "model": cfg.model.to_dict(),
         "seed": cfg.seed,
         "steps": cfg.steps,
@@ -87,8 +89,10 @@ def autocast(cfg: RunConfig, device: str):
 
 def train(cfg: RunConfig, device, model, optimizer, batch_generator, tokens, first_step: int, last_step: int,
           schedule_offset: int = 0):
-    """Optimizer steps first_step..last_step (1-based, inclusive); yields (step, loss) after each.
+    """Optimizer steps first_step..last_step (1-based, inclusive); yields (step, loss, skipped) after each.
 
+    A non-finite loss or gradient norm stops the run (NonFiniteError), or with nonfinite: skip leaves
+    the weights and AdamW untouched for that step (skipped=True), as a mixed-precision loss scaler does.
     schedule_offset > 0 reproduces a known bug (the LR schedule counted from 0 again on resume):
     only the nosched ablation sets it.
     """
@@ -102,13 +106,27 @@ def train(cfg: RunConfig, device, model, optimizer, batch_generator, tokens, fir
         with autocast(cfg, device):
             _, loss = model(x.to(device), y.to(device))
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP).item()
         loss = loss.item()
+        finite = math.isfinite(loss) and math.isfinite(grad_norm)
+        if not finite and cfg.nonfinite == "stop":
+            raise NonFiniteError(f"step {step}: loss {loss}, gradient norm {grad_norm}"
+                                 f"{first_nonfinite_grad(model)}; stopped before the update, nothing written")
+        if finite:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         ms = (time.perf_counter() - t0) * 1000
-        print(f"step {step:>4}/{cfg.steps}  loss {loss:.6f}  lr {lr:.3e}  {ms:.0f} ms", file=sys.stderr, flush=True)
-        yield step, loss
+        note = "" if finite else "  skipped: non-finite"
+        print(f"step {step:>4}/{cfg.steps}  loss {loss:.6f}  lr {lr:.3e}  {ms:.0f} ms{note}", file=sys.stderr,
+              flush=True)
+        yield step, loss, not finite
+
+
+def first_nonfinite_grad(model) -> str:
+    for name, p in model.named_parameters():
+        if p.grad is not None and not torch.isfinite(p.grad).all():
+            return f" (first non-finite gradient: {name})"
+    return ""
 
 
 @torch.no_grad()

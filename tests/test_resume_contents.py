@@ -1,0 +1,290 @@
+"""A resume file's contents are checked whole before a step runs; NaN and Inf never pass unnoticed.
+
+The property test edits a real resume file at random, as a user or a flipped bit might: the run must
+either refuse it with one `error:` line and write nothing, or end bit for bit where the straight run
+ends. Never a traceback, never a silently different model.
+"""
+
+import collections
+import math
+
+import pytest
+import torch
+import yaml
+from conftest import run_script, tiny_config
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mmkit.checkpoint import same_bits
+
+
+def resume(tiny_run, resume_file, out, *extra, config=None):
+    return run_script("run.py", "--config", config or tiny_run["config"], "--tokens", tiny_run["tokens"],
+                      "--resume", resume_file, "--out", out, *extra)
+
+
+def refusal(proc, out) -> str:
+    """The one error line of a refused run (exit 2, nothing written); fails on anything else."""
+    lines = proc.stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert proc.returncode == 2 and len(errors) == 1 and lines[-1] == errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not out.exists() and not out.with_name(out.name + ".tmp").exists()
+    return errors[0]
+
+
+def edited(tiny_run, tmp_path, edit, name="edited.pth"):
+    state = torch.load(tiny_run["resume"], weights_only=True)
+    edit(state)
+    path = tmp_path / name
+    torch.save(state, path)
+    return path
+
+
+# --- each class of contents, refused with a line naming the entry ------------------------------
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda s: s["optimizer"].__setitem__("state", {}), ["'optimizer'", "0 parameters"]),
+    (lambda s: s.__setitem__("gen_state", s["gen_state"][:100]), ["'gen_state'", "shape [100]"]),
+    (lambda s: s.__setitem__("gen_state", torch.Generator().manual_seed(8).get_state()),
+     ["'gen_state'", "data position"]),
+    (lambda s: s.__setitem__("step", True), ["'step'", "bool"]),
+    (lambda s: s.__setitem__("step", 4), ["'optimizer'", "4 updates"]),
+    (lambda s: s.__setitem__("step", 12), ["'step'", "1..11"]),
+    (lambda s: s.__setitem__("step", 0), ["'step'", "1..11"]),
+    (lambda s: s["model"]["model.norm.weight"].__setitem__(0, math.nan), ["'model'", "model.norm.weight",
+                                                                         "non-finite"]),
+    (lambda s: s["model"].__setitem__("lm_head.weight", s["model"]["lm_head.weight"] + 1),
+     ["'model'", "lm_head.weight", "ties"]),
+    (lambda s: s["model"].__setitem__("model.norm.weight", s["model"]["model.norm.weight"].double()),
+     ["'model'", "float64", "float32"]),
+    (lambda s: s["optimizer"]["state"][0].__setitem__("exp_avg_sq", -s["optimizer"]["state"][0]["exp_avg_sq"] - 1),
+     ["'optimizer'", "negative"]),
+    (lambda s: s["optimizer"]["state"][2]["exp_avg"].__setitem__(0, math.inf), ["'optimizer'", "non-finite"]),
+    (lambda s: s["optimizer"]["param_groups"][0].__setitem__("betas", (0.8, 0.99)), ["'optimizer'", "betas"]),
+    (lambda s: s["optimizer"]["state"][3].__setitem__("exp_avg", s["optimizer"]["state"][3]["exp_avg"][:-1]),
+     ["'optimizer'", "exp_avg of parameter 3"]),
+    # same shape and every value plausible: only the sha256 recorded at save time can tell
+    (lambda s: s["optimizer"]["state"][0]["exp_avg"].mul_(1.5), ["'optimizer'", "sha256"]),
+    (lambda s: s["model"]["model.norm.weight"].add_(1e-3), ["'model'", "sha256"]),
+])
+def test_resume_file_with_bad_contents_is_refused_naming_the_entry(tiny_run, tmp_path, edit, words):
+    out = tmp_path / "o.pth"
+    error = refusal(resume(tiny_run, edited(tiny_run, tmp_path, edit), out), out)
+    for w in words:
+        assert w in error, error
+
+
+def test_no_optim_ignores_an_incomplete_optimizer_state_by_name(tiny_run, tmp_path):
+    path = edited(tiny_run, tmp_path, lambda s: s["optimizer"].__setitem__("state", {}))
+    proc = resume(tiny_run, path, tmp_path / "o.pth", "--no-optim")
+    assert proc.returncode == 0, proc.stderr
+    assert "ignoring entry 'optimizer'" in proc.stderr
+    # the same as --no-optim on the intact file: the entry really was thrown away, not half used
+    intact = resume(tiny_run, tiny_run["resume"], tmp_path / "intact.pth", "--no-optim")
+    assert intact.returncode == 0
+    assert_same_state_dict(torch.load(tmp_path / "o.pth", weights_only=True),
+                           torch.load(tmp_path / "intact.pth", weights_only=True))
+
+
+def assert_same_state_dict(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert same_bits(a[k], b[k]), k
+
+
+# --- non-finite numbers during training ---------------------------------------------------------
+
+
+def test_a_nan_loss_stops_training_with_its_own_exit_and_writes_nothing(tmp_path, tiny_run):
+    config = tmp_path / "hot.yaml"
+    config.write_text(yaml.safe_dump(tiny_config(lr=1.0e8)))
+    out, log = tmp_path / "o.pth", tmp_path / "o.csv"
+    out.write_bytes(b"an earlier checkpoint")
+    proc = run_script("run.py", "--config", config, "--tokens", tiny_run["tokens"], "--out", out, "--log", log)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 3 and len(errors) == 1, proc.stderr
+    step = int(errors[0].split("step ")[1].split(":")[0])
+    assert f"step {step - 1:>4}/" in proc.stderr and f"step {step:>4}/" not in proc.stderr  # the last step logged
+    assert "first non-finite gradient: " in errors[0]
+    assert out.read_bytes() == b"an earlier checkpoint" and not log.exists()
+
+
+def test_nonfinite_skip_leaves_the_weights_untouched_for_that_step_and_logs_it(tmp_path, tiny_run):
+    config = tmp_path / "skip.yaml"
+    config.write_text(yaml.safe_dump(tiny_config(lr=1.0e8, nonfinite="skip")))
+    out, timing = tmp_path / "o.pth", tmp_path / "t.json"
+    proc = run_script("run.py", "--config", config, "--tokens", tiny_run["tokens"], "--out", out,
+                      "--timing", timing, "--stop-at", "8")
+    assert proc.returncode == 0, proc.stderr
+    skipped_lines = [line for line in proc.stderr.splitlines() if "skipped: non-finite" in line]
+    state = torch.load(out, weights_only=True)
+    assert state["skipped_steps"] == len(skipped_lines) > 0
+    assert all(torch.isfinite(t).all() for t in state["model"].values())  # no NaN reached the weights
+    # AdamW counted only the updates it made
+    assert all(s["step"].item() == 8 - len(skipped_lines) for s in state["optimizer"]["state"].values())
+    assert yaml.safe_load(timing.read_text())["skipped_steps"] == len(skipped_lines)
+
+
+# --- compare.py never hides a NaN ---------------------------------------------------------------
+
+
+def test_compare_reports_nan_and_never_a_finite_max_around_it(tmp_path):
+    a = {"w": torch.tensor([1.0, 2.0, 3.0]), "v": torch.tensor([1.0, 2.0])}
+    b = {"w": torch.tensor([1.0, math.nan, 3.0]), "v": torch.tensor([1.0, 2.5])}
+    torch.save(a, tmp_path / "a.pth")
+    torch.save(b, tmp_path / "b.pth")
+    proc = run_script("compare.py", tmp_path / "a.pth", tmp_path / "b.pth")
+    assert proc.returncode == 1
+    line_w = next(line for line in proc.stdout.splitlines() if line.endswith("  w"))
+    assert line_w.startswith("DIFF  non-finite values (A: 0, B: 1)")
+    assert proc.stdout.splitlines()[-1] == \
+        "2 of 2 tensors differ; max |diff| 5.000e-01 over the finite ones; 1 hold NaN/Inf"
+    # the same NaN on both sides, bit for bit, is the same tensor
+    torch.save(b, tmp_path / "b2.pth")
+    same = run_script("compare.py", tmp_path / "b.pth", tmp_path / "b2.pth")
+    assert same.returncode == 0 and same.stdout.splitlines()[-1] == "0 of 2 tensors differ; max |diff| 0.000e+00"
+
+
+# --- the property: any edit is refused in one line, or harmless ---------------------------------
+
+
+def tensor_paths(state):
+    """Addresses of every tensor of the file: ('model', name), ('optimizer', 'state', i, key), ('gen_state',)."""
+    paths = [("model", k) for k in state["model"]]
+    paths += [("optimizer", "state", i, k) for i, s in state["optimizer"]["state"].items() for k in s]
+    return paths + [("gen_state",)]
+
+
+def get(state, path):
+    for k in path:
+        state = state[k]
+    return state
+
+
+def put(state, path, value):
+    get(state, path[:-1])[path[-1]] = value
+
+
+MUTATIONS = ["drop entry", "retype entry", "reshape tensor", "slice tensor", "change dtype", "insert nan/inf",
+             "change step", "shuffle optimizer state", "empty optimizer state", "swap generator state",
+             "drop model tensor", "change hyperparameter", "nudge a value", "resave unchanged"]
+OUTCOMES = collections.Counter()
+
+
+@st.composite
+def mutation(draw, state):
+    kind = draw(st.sampled_from(MUTATIONS))
+    paths = tensor_paths(state)
+    if kind == "drop entry":
+        return kind, draw(st.sampled_from(sorted(state)))
+    if kind == "retype entry":
+        return kind, (draw(st.sampled_from(sorted(state))),
+                      draw(st.sampled_from([None, "x", 3, 2.5, True, [], {}, (1, 2)])))
+    if kind in ("reshape tensor", "slice tensor", "change dtype", "insert nan/inf", "nudge a value"):
+        path = draw(st.sampled_from(paths))
+        if kind == "change dtype":
+            return kind, (path, draw(st.sampled_from(["float64", "float16", "bfloat16", "int64", "uint8"])))
+        if kind == "insert nan/inf":
+            return kind, (path, draw(st.sampled_from([math.nan, math.inf, -math.inf])), draw(st.integers(0, 10**6)))
+        if kind == "nudge a value":
+            return kind, (path, draw(st.integers(0, 10**6)))
+        return kind, path
+    if kind == "change step":
+        return kind, draw(st.sampled_from([-1, 0, 1, 2, 4, 6, 11, 12, 100, 5.0, True]))
+    if kind == "shuffle optimizer state":
+        return kind, draw(st.permutations(sorted(state["optimizer"]["state"])))
+    if kind == "swap generator state":
+        return kind, (draw(st.integers(0, 10)), draw(st.integers(0, 12)))
+    if kind == "drop model tensor":
+        return kind, draw(st.sampled_from(sorted(state["model"])))
+    if kind == "change hyperparameter":
+        key = draw(st.sampled_from(["betas", "eps", "weight_decay", "amsgrad", "maximize", "lr"]))
+        return kind, (key, draw(st.sampled_from([(0.8, 0.99), 1e-6, 0.0, True, 0.5])))
+    return kind, None
+
+
+def apply(state, kind, arg):
+    if kind == "drop entry":
+        del state[arg]
+    elif kind == "retype entry":
+        state[arg[0]] = arg[1]
+    elif kind == "reshape tensor":
+        t = get(state, arg)
+        put(state, arg, t.reshape(-1, 1) if t.dim() != 2 else t.t().contiguous())
+    elif kind == "slice tensor":
+        t = get(state, arg)
+        put(state, arg, t.reshape(-1)[:-1] if t.dim() == 0 else t[:-1])
+    elif kind == "change dtype":
+        path, dtype = arg
+        put(state, path, get(state, path).to(getattr(torch, dtype)))
+    elif kind == "insert nan/inf":
+        path, value, index = arg
+        t = get(state, path).clone()
+        if t.is_floating_point() and t.numel():
+            t.view(-1)[index % t.numel()] = value
+        else:  # an integer tensor cannot hold NaN: the nearest edit is an out-of-range value
+            t.view(-1)[index % max(t.numel(), 1)] = 255 if t.dtype == torch.uint8 else -1
+        put(state, path, t)
+    elif kind == "nudge a value":
+        path, index = arg
+        t = get(state, path).clone()
+        flat = t.view(-1)
+        if t.numel():
+            flat[index % t.numel()] = flat[index % t.numel()] + (1 if not t.is_floating_point() else 1e-3)
+        put(state, path, t)
+    elif kind == "change step":
+        state["step"] = arg
+    elif kind == "shuffle optimizer state":
+        entries = state["optimizer"]["state"]
+        state["optimizer"]["state"] = {new: entries[old] for old, new in zip(sorted(entries), arg)}
+    elif kind == "empty optimizer state":
+        state["optimizer"]["state"] = {}
+    elif kind == "swap generator state":
+        seed, draws = arg
+        g = torch.Generator().manual_seed(seed)
+        for _ in range(draws):
+            torch.randint(0, 100, (4,), generator=g)
+        state["gen_state"] = g.get_state()
+    elif kind == "drop model tensor":
+        del state["model"][arg]
+    elif kind == "change hyperparameter":
+        key, value = arg
+        state["optimizer"]["param_groups"][0][key] = value
+
+
+@pytest.fixture(scope="module")
+def straight_weights(tiny_run):
+    return torch.load(tiny_run["resume"].parent / "straight.pth", weights_only=True)
+
+
+def test_any_edit_of_a_resume_file_is_refused_in_one_line_or_harmless(tiny_run, straight_weights,
+                                                                     tmp_path_factory):
+    original = torch.load(tiny_run["resume"], weights_only=True)
+    tmp = tmp_path_factory.mktemp("mutants")
+
+    @settings(max_examples=40, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def check(data):
+        kind, arg = data.draw(mutation(original))
+        state = torch.load(tiny_run["resume"], weights_only=True)
+        apply(state, kind, arg)
+        path, out = tmp / "mutant.pth", tmp / "out.pth"
+        out.unlink(missing_ok=True)
+        torch.save(state, path)
+        proc = resume(tiny_run, path, out)
+        if proc.returncode == 0:  # accepted: then it must have been harmless
+            assert_same_state_dict(torch.load(out, weights_only=True), straight_weights)
+            OUTCOMES[kind, "harmless, bit-exact"] += 1
+        else:
+            error = refusal(proc, out)
+            OUTCOMES[kind, "refused: " + error.split(": entry ")[-1].split("'")[1]
+                     if ": entry '" in error else "refused: " + error.split(str(path))[-1][:40]] += 1
+
+    check()
+    print("\nmutation outcomes:")
+    for (kind, outcome), n in sorted(OUTCOMES.items()):
+        print(f"  {kind:26} {outcome:40} {n}")
+    assert sum(OUTCOMES.values()) == 40
