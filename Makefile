@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 RUN := PATH=$(abspath $(BIN)):$$PATH
 
-.PHONY: results test lint readme bench clean
+.PHONY: results test mutants lint readme bench clean
 
 $(BIN)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,11 @@ results: $(BIN)/.runtime
 	$(RUN) snakemake --cores all
 
 test: $(BIN)/.test
-	$(RUN) python -m pytest -q tests
+	$(RUN) python -m pytest -q -rs tests
+
+# break the code on purpose, one named breakage at a time: each must make a test fail (a few minutes)
+mutants: $(BIN)/.test
+	$(RUN) python tests/mutants.py
 
 lint: $(BIN)/.test
 	$(RUN) snakemake --lint

@@ -10,7 +10,8 @@ import time
 import pytest
 import torch
 import yaml
-from conftest import SCRIPTS, TINY, clean_env, copy_workflow, run_script, snakemake
+from conftest import (SCRIPTS, TINY, assert_same_state_dict, clean_env, copy_workflow, run_script, same_state_dict,
+                      snakemake)
 
 from mmkit.checkpoint import save_atomic
 from mmkit.errors import UserError
@@ -45,7 +46,7 @@ def start_saver(path, seed):
 
 def holds(path, seed) -> bool:
     got, want = torch.load(path, weights_only=True), state_for(seed)
-    return got["step"] == want["step"] and all(torch.equal(got["model"][k], want["model"][k]) for k in want["model"])
+    return same_state_dict(got, want)
 
 
 def test_sigkill_at_any_moment_of_a_save_leaves_a_whole_resume_file(tmp_path):
@@ -176,4 +177,31 @@ def test_killed_snakemake_job_is_rebuilt_alone_with_the_same_bits(tmp_path):
                       results / "data" / "train.npy", "--out", ref)
     assert proc.returncode == 0, proc.stderr
     a, b = torch.load(results / "straight.pth", weights_only=True), torch.load(ref, weights_only=True)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_state_dict(a, b)
+
+
+def test_a_save_writes_flushes_fsyncs_the_file_renames_then_fsyncs_the_directory(tmp_path, monkeypatch):
+    """A SIGKILL keeps the page cache, so only the order of the calls can show that a save survives power
+    loss: the bytes reach the file and the disk before the rename, and the rename reaches the disk after."""
+    import stat
+
+    import mmkit.atomic as atomic
+
+    events, real_fsync, real_replace = [], os.fsync, os.replace
+    path = tmp_path / "resume.pth"
+    payload = b"x" * 100  # small: without the flush it would still sit in Python's buffer at fsync time
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        events.append(("fsync dir" if stat.S_ISDIR(st.st_mode) else f"fsync file of {st.st_size} bytes"))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(f"rename {os.path.basename(src)} -> {os.path.basename(dst)}")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    monkeypatch.setattr(atomic.os, "replace", replace)
+    atomic.write_atomic(path, lambda f: f.write(payload))
+    assert events == ["fsync file of 100 bytes", "rename resume.pth.tmp -> resume.pth", "fsync dir"]
+    assert path.read_bytes() == payload

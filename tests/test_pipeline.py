@@ -1,6 +1,7 @@
 """The experiment's claims, checked on the artifacts of one tiny end-to-end snakemake run."""
 
 import csv
+import re
 import json
 import os
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import TINY, run_script
+from conftest import TINY, assert_same_state_dict, run_script, same_state_dict
 
 from mmkit.checkpoint import cast_state_dict
 from mmkit.config import load_config, model_config
@@ -19,10 +20,7 @@ def load(path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def assert_identical(a: dict, b: dict):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), f"{k} differs"
+assert_identical = assert_same_state_dict
 
 
 def test_resumed_equals_straight_bit_for_bit(pipeline):
@@ -51,14 +49,14 @@ def test_first_loss_is_near_log_vocab(pipeline):
 
 def test_dropping_optimizer_state_changes_the_result(pipeline):
     straight, noopt = load(pipeline / "straight.pth"), load(pipeline / "noopt.pth")
-    assert any(not torch.equal(straight[k], noopt[k]) for k in straight)
+    assert not same_state_dict(straight, noopt)
     proc = run_script("compare.py", pipeline / "straight.pth", pipeline / "noopt.pth", "--quiet")
     assert proc.returncode == 1 and "tensors differ" in proc.stdout
 
 
 def test_rewinding_the_data_position_changes_the_result(pipeline):
     straight, noskip = load(pipeline / "straight.pth"), load(pipeline / "noskip.pth")
-    assert any(not torch.equal(straight[k], noskip[k]) for k in straight)
+    assert not same_state_dict(straight, noskip)
     # the first step after the cut trains on step 1's batch again, so its loss differs from straight's
     step = str(TINY["stop_at"] + 1)
     loss = {r["step"]: r["train_loss"] for r in csv.DictReader(open(pipeline / "noskip_log.csv"))}
@@ -212,7 +210,7 @@ def test_every_divergence_value_is_what_the_artifacts_give(pipeline):
 @pytest.mark.parametrize("name", ABLATIONS)
 def test_every_ablation_silently_changes_the_result(pipeline, name):
     straight, variant = load(pipeline / "straight.pth"), load(pipeline / f"{name}.pth")
-    assert any(not torch.equal(straight[k], variant[k]) for k in straight)
+    assert not same_state_dict(straight, variant)
 
 
 def test_nosched_starts_the_resumed_steps_at_the_peak_learning_rate(pipeline):
@@ -268,3 +266,126 @@ def test_snakemake_html_report_holds_the_registered_artifacts(pipeline):
     html = (pipeline / "report.html").read_text(errors="ignore")
     for name in ("loss.png", "loss_gap.png", "divergence.csv", "report.md"):
         assert name in html
+
+
+# --- every number of summary.md and report.md, recomputed here from the .pth files, logs and tokens ----
+
+
+@pytest.fixture(scope="module")
+def truths(pipeline) -> dict:
+    """Each run's numbers computed in this test from the artifacts' sources, not by mmkit's report code."""
+    import numpy as np
+    import torch.nn.functional as F
+
+    arch = model_config(load_config(pipeline / "settings" / "divergence.yaml"))
+    seq_len = TINY["seq_len"]
+    val = np.load(pipeline / "data" / "val.npy").astype(np.int64)
+    n = (len(val) - 1) // seq_len
+    x = torch.from_numpy(val[: n * seq_len]).view(n, seq_len)
+    y = torch.from_numpy(val[1 : n * seq_len + 1]).view(n, seq_len)
+    model = MiniMindForCausalLM(arch).eval()
+
+    def val_loss(sd):
+        model.load_state_dict(sd)
+        with torch.no_grad():
+            logits = model(x)[0]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), y.reshape(-1)).item()
+
+    def log(name):
+        rows = list(csv.DictReader(open(pipeline / f"{name}_log.csv")))
+        return {int(r["step"]): float(r["train_loss"]) for r in rows}
+
+    straight, straight_log = load(pipeline / "straight.pth"), log("straight")
+    names = [k for k in straight if k != "lm_head.weight"]
+    out = {"straight": {"val_loss": val_loss(straight), "final": straight_log[TINY["steps"]]}}
+    for name in ["resumed", *ABLATIONS]:
+        sd, variant_log = load(pipeline / f"{name}.pth"), log(name)
+        dw = torch.cat([(sd[k].double() - straight[k].double()).flatten() for k in names])
+        w = torch.cat([straight[k].double().flatten() for k in names])
+        gaps = [abs(variant_log[s] - straight_log[s]) for s in range(TINY["stop_at"] + 1, TINY["steps"] + 1)]
+        out[name] = {"max_abs": dw.abs().max().item(), "rel_l2": (dw.norm() / w.norm()).item(),
+                     "mean_gap": sum(gaps) / len(gaps), "max_gap": max(gaps), "val_loss": val_loss(sd),
+                     "final": variant_log[TINY["steps"]],
+                     "differing": sum(not same_state_dict({0: sd[k]}, {0: straight[k]}) for k in names)}
+    resume = load(pipeline / "resume.pth")
+    weights = sum(straight[k].numel() for k in names)
+    moments = sum(t.numel() for s in resume["optimizer"]["state"].values() for t in s.values() if t.dim() >= 1)
+    half = {k: t.half() for k, t in straight.items()}
+    logits = []
+    for sd in (straight, half):
+        model.load_state_dict(sd)
+        with torch.no_grad():
+            logits.append(model(x[:1])[0][0])
+    out["files"] = {"params": weights, "ratio": moments / weights,
+                    "straight_bytes": (pipeline / "straight.pth").stat().st_size,
+                    "fp16_bytes": (pipeline / "straight_fp16.pth").stat().st_size,
+                    "resume_bytes": (pipeline / "resume.pth").stat().st_size,
+                    "max_logit": (logits[0] - logits[1]).abs().max().item()}
+    return out
+
+
+def shown(text: str, value: float) -> bool:
+    """Does a number printed to 3-4 significant digits (or '0' for exactly zero) show VALUE?"""
+    text = text.strip().replace(",", "")
+    if value == 0:
+        return text == "0"
+    return float(text) == pytest.approx(value, rel=5e-3)
+
+
+def table_row(text: str, first_cell: str) -> list[str]:
+    line = next(line for line in text.splitlines() if line.startswith(f"| {first_cell} |"))
+    return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]  # \| inside a cell stays
+
+
+def test_every_number_in_the_summary_is_recomputed_from_the_artifacts(pipeline, truths):
+    text = (pipeline / "summary.md").read_text()
+    files = truths["files"]
+    assert text.splitlines()[0] == (
+        f"Default run: {files['params']:,} parameters, {TINY['steps']} steps, cut at {TINY['stop_at']}, "
+        f"torch {torch.__version__} on cpu, 1 thread(s), fp32.")
+    assert shown(table_row(text, "straight")[5], truths["straight"]["val_loss"])
+    for name in ["resumed", *ABLATIONS]:
+        t, cells = truths[name], table_row(text, name)
+        mean, worst = cells[4].split(" / ")
+        for cell, value in ((cells[2], t["max_abs"]), (cells[3], t["rel_l2"]), (mean, t["mean_gap"]),
+                            (worst, t["max_gap"]), (cells[5], t["val_loss"])):
+            assert shown(cell, value), (name, cell, value)
+    assert shown(table_row(text, "straight.pth (fp32 weights)")[1], files["straight_bytes"])
+    fp16 = table_row(text, "straight_fp16.pth")
+    assert shown(fp16[1], files["fp16_bytes"])
+    ratio, logit = fp16[2].split(" × fp32; max \\|Δlogit\\| ")
+    assert shown(ratio, files["fp16_bytes"] / files["straight_bytes"]) and shown(logit, files["max_logit"])
+    resume = table_row(text, "resume.pth (weights + AdamW + step + generator)")
+    assert shown(resume[1], files["resume_bytes"])
+    assert shown(resume[2].removeprefix("optimizer/weights elements = "), files["ratio"])
+
+
+def test_every_number_in_the_reports_table_is_recomputed_from_the_artifacts(pipeline, truths):
+    text = (pipeline / "report.md").read_text()
+    for name in ["straight", "resumed", *ABLATIONS]:
+        t, cells = truths[name], table_row(text, name)
+        zero = name == "straight"
+        val, gap = cells[6].split(" (")
+        mean, worst = cells[7].split(" / ")
+        assert shown(val, t["val_loss"]) and shown(cells[5], t["final"])
+        # the gap to 2 significant digits; abs: the two val losses here are summed in another order
+        assert float(gap.rstrip(")")) == pytest.approx(t["val_loss"] - truths["straight"]["val_loss"], rel=0.05,
+                                                       abs=1e-5)
+        for cell, key in ((cells[2], "max_abs"), (cells[3], "rel_l2"), (cells[4], "differing"), (mean, "mean_gap"),
+                          (worst, "max_gap")):
+            assert shown(cell, 0 if zero else t[key]), (name, cell)
+    fp16 = table_row(text, "fp16")
+    files = truths["files"]
+    assert shown(fp16[2], files["fp16_bytes"]) and shown(fp16[4], files["max_logit"])
+    assert f"재개 파일({files['resume_bytes']:,} 바이트)" in text
+
+
+def test_targets_are_the_inputs_shifted_by_one(pipeline):
+    from mmkit.data import get_batch
+
+    tokens = np.load(pipeline / "data" / "train.npy")
+    x, y = get_batch(tokens, 4, TINY["seq_len"], torch.Generator().manual_seed(3))
+    starts = torch.randint(0, len(tokens) - TINY["seq_len"] - 1, (4,), generator=torch.Generator().manual_seed(3))
+    for row, i in enumerate(starts.tolist()):
+        assert x[row].tolist() == tokens[i : i + TINY["seq_len"]].tolist()
+        assert y[row].tolist() == tokens[i + 1 : i + 1 + TINY["seq_len"]].tolist()

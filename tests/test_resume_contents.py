@@ -11,11 +11,10 @@ import math
 import pytest
 import torch
 import yaml
-from conftest import run_script, tiny_config
+from conftest import assert_same_state_dict, run_script, tiny_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mmkit.checkpoint import same_bits
 
 
 def resume(tiny_run, resume_file, out, *extra, config=None):
@@ -68,7 +67,9 @@ def edited(tiny_run, tmp_path, edit, name="edited.pth"):
     # same shape and every value plausible: only the sha256 recorded at save time can tell
     (lambda s: s["optimizer"]["state"][0]["exp_avg"].mul_(1.5), ["'optimizer'", "sha256"]),
     (lambda s: s["model"]["model.norm.weight"].add_(1e-3), ["'model'", "sha256"]),
-])
+], ids=["empty-optimizer", "gen-truncated", "gen-other-seed", "step-bool", "step-4", "step-12", "step-0",
+        "nan-weight", "untied", "float64-weight", "negative-exp-avg-sq", "inf-exp-avg", "other-betas",
+        "short-exp-avg", "scaled-exp-avg", "nudged-weight"])
 def test_resume_file_with_bad_contents_is_refused_naming_the_entry(tiny_run, tmp_path, edit, words):
     out = tmp_path / "o.pth"
     error = refusal(resume(tiny_run, edited(tiny_run, tmp_path, edit), out), out)
@@ -86,12 +87,6 @@ def test_no_optim_ignores_an_incomplete_optimizer_state_by_name(tiny_run, tmp_pa
     assert intact.returncode == 0
     assert_same_state_dict(torch.load(tmp_path / "o.pth", weights_only=True),
                            torch.load(tmp_path / "intact.pth", weights_only=True))
-
-
-def assert_same_state_dict(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert same_bits(a[k], b[k]), k
 
 
 # --- non-finite numbers during training ---------------------------------------------------------
@@ -131,20 +126,21 @@ def test_nonfinite_skip_leaves_the_weights_untouched_for_that_step_and_logs_it(t
 
 
 def test_compare_reports_nan_and_never_a_finite_max_around_it(tmp_path):
-    a = {"w": torch.tensor([1.0, 2.0, 3.0]), "v": torch.tensor([1.0, 2.0])}
-    b = {"w": torch.tensor([1.0, math.nan, 3.0]), "v": torch.tensor([1.0, 2.5])}
+    a = {"w": torch.tensor([1.0, 2.0, 3.0]), "v": torch.tensor([1.0, 2.0]), "u": torch.tensor([1.0])}
+    b = {"w": torch.tensor([1.0, math.nan, 3.0]), "v": torch.tensor([1.0, 2.5]), "u": torch.tensor([math.inf])}
     torch.save(a, tmp_path / "a.pth")
     torch.save(b, tmp_path / "b.pth")
     proc = run_script("compare.py", tmp_path / "a.pth", tmp_path / "b.pth")
     assert proc.returncode == 1
-    line_w = next(line for line in proc.stdout.splitlines() if line.endswith("  w"))
-    assert line_w.startswith("DIFF  non-finite values (A: 0, B: 1)")
+    for name in ("w", "u"):  # an Inf too: its |diff| is inf, a number that says nothing of the rest
+        line = next(line for line in proc.stdout.splitlines() if line.endswith(f"  {name}"))
+        assert line.startswith("DIFF  non-finite values (A: 0, B: 1)"), line
     assert proc.stdout.splitlines()[-1] == \
-        "2 of 2 tensors differ; max |diff| 5.000e-01 over the finite ones; 1 hold NaN/Inf"
+        "3 of 3 tensors differ; max |diff| 5.000e-01 over the finite ones; 2 hold NaN/Inf"
     # the same NaN on both sides, bit for bit, is the same tensor
     torch.save(b, tmp_path / "b2.pth")
     same = run_script("compare.py", tmp_path / "b.pth", tmp_path / "b2.pth")
-    assert same.returncode == 0 and same.stdout.splitlines()[-1] == "0 of 2 tensors differ; max |diff| 0.000e+00"
+    assert same.returncode == 0 and same.stdout.splitlines()[-1] == "0 of 3 tensors differ; max |diff| 0.000e+00"
 
 
 # --- the property: any edit is refused in one line, or harmless ---------------------------------
@@ -288,3 +284,50 @@ def test_any_edit_of_a_resume_file_is_refused_in_one_line_or_harmless(tiny_run, 
     for (kind, outcome), n in sorted(OUTCOMES.items()):
         print(f"  {kind:26} {outcome:40} {n}")
     assert sum(OUTCOMES.values()) == 40
+
+
+# --- the fingerprint: every setting a bit-exact continuation depends on, each one checked -------------
+
+FINGERPRINT = {"format", "torch", "threads", "device", "precision", "weights_dtype", "nonfinite", "seed", "steps",
+               "batch_size", "seq_len", "lr", "train_tokens_sha256", "model.hidden_size", "model.num_hidden_layers",
+               "model.num_attention_heads", "model.num_key_value_heads", "model.vocab_size",
+               "model.max_position_embeddings", "model.rms_norm_eps", "model.rope_theta"}
+
+
+def flat(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+    return out
+
+
+def test_a_resume_file_records_every_setting_the_continuation_depends_on(tiny_run, tmp_path):
+    out = tmp_path / "r.pth"
+    proc = run_script("run.py", "--config", tiny_run["config"], "--tokens", tiny_run["tokens"], "--out", out,
+                      "--stop-at", 2)
+    assert proc.returncode == 0, proc.stderr
+    assert set(flat(torch.load(out, weights_only=True)["fingerprint"])) == FINGERPRINT
+
+
+def other_value(v):
+    if isinstance(v, bool):
+        return not v
+    if isinstance(v, int):
+        return v + 1
+    if isinstance(v, float):
+        return v * 2
+    return v + "-other"
+
+
+@pytest.mark.parametrize("key", sorted(FINGERPRINT))
+def test_a_resume_file_from_other_settings_is_refused_for_each_fingerprint_key(tiny_run, tmp_path, key):
+    def edit(state):
+        *parents, last = key.split(".")
+        d = state["fingerprint"]
+        for p in parents:
+            d = d[p]
+        d[last] = other_value(d[last])
+
+    out = tmp_path / "o.pth"
+    error = refusal(resume(tiny_run, edited(tiny_run, tmp_path, edit), out), out)
+    assert (f"{key} " in error and "in the file" in error) or (key == "format" and "has format" in error), error
