@@ -89,7 +89,7 @@ BREAKAGES = [
              "if not 1 <= step <= last_step:", (CONTENTS + "[step-12]",)),
     Breakage("tokens: id range off by one", M + "data.py", "if lo < 0 or hi >= vocab_size:",
              "if lo < 0 or hi > vocab_size:",
-             (T + "test_bad_input.py::test_token_ids_at_the_edge_of_the_vocabulary",)),
+             (T + "test_bad_input.py::test_token_ids_at_the_edges_of_the_vocabulary",)),
     Breakage("config: an undeclared key reads as None", M + "config.py",
              "        if name not in self._values:\n            raise UserError(",
              "        if name not in self._values:\n            return None\n            raise UserError(",

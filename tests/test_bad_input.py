@@ -231,38 +231,29 @@ def test_stop_outside_the_run_is_refused(tiny_run, tmp_path, stop_at):
 # --- every range check, at its boundary from both sides ------------------------------------------
 
 
-@pytest.mark.parametrize("ids, accepted", [((0, 511), True), ((0, 512), False), ((0, 0), True)])
-def test_token_ids_at_the_edge_of_the_vocabulary(tiny_run, tmp_path, ids, accepted):
-    # TINY's vocabulary is 512: id 511 is the last one the embedding holds, 512 the first it does not
-    tokens = np.resize(np.array(ids, dtype=np.int64), 200)
+def train_one_step_on(tiny_run, tmp_path, tokens, refusal_words=None):
+    """run.py on TOKENS for one step: it must succeed, or, given REFUSAL_WORDS, be refused with them."""
     np.save(tmp_path / "tokens.npy", tokens)
     out = tmp_path / "o.pth"
     proc = run_script("run.py", "--config", tiny_run["config"], "--tokens", tmp_path / "tokens.npy",
                       "--out", out, "--stop-at", 1)
-    if accepted:
+    if refusal_words is None:
         assert proc.returncode == 0, proc.stderr
     else:
-        assert_refused(proc, "token id 512", "outside 0..511", out=out)
+        assert_refused(proc, *refusal_words, out=out)
 
 
-def test_a_negative_token_id_is_refused(tiny_run, tmp_path):
-    np.save(tmp_path / "tokens.npy", np.resize(np.array([0, -1], dtype=np.int64), 200))
-    proc = run_script("run.py", "--config", tiny_run["config"], "--tokens", tmp_path / "tokens.npy",
-                      "--out", tmp_path / "o.pth", "--stop-at", 1)
-    assert_refused(proc, "token id -1", out=tmp_path / "o.pth")
+@pytest.mark.parametrize("ids, refused", [((0, 511), None), ((0, 512), ("token id 512", "outside 0..511")),
+                                          ((0, 0), None), ((0, -1), ("token id -1",))])
+def test_token_ids_at_the_edges_of_the_vocabulary(tiny_run, tmp_path, ids, refused):
+    # TINY's vocabulary is 512: id 511 is the last one the embedding holds, 512 the first it does not
+    train_one_step_on(tiny_run, tmp_path, np.resize(np.array(ids, dtype=np.int64), 200), refused)
 
 
-@pytest.mark.parametrize("length, accepted", [(34, True), (33, False)])
-def test_token_file_just_long_enough_for_one_window(tiny_run, tmp_path, length, accepted):
+@pytest.mark.parametrize("length, refused", [(34, None), (33, ("fewer than the 34",))])
+def test_token_file_just_long_enough_for_one_window(tiny_run, tmp_path, length, refused):
     # one window of seq_len 32 needs 32 inputs, the 32 next tokens, and one start: seq_len + 2 = 34
-    np.save(tmp_path / "tokens.npy", np.arange(length, dtype=np.uint16))
-    out = tmp_path / "o.pth"
-    proc = run_script("run.py", "--config", tiny_run["config"], "--tokens", tmp_path / "tokens.npy",
-                      "--out", out, "--stop-at", 1)
-    if accepted:
-        assert proc.returncode == 0, proc.stderr
-    else:
-        assert_refused(proc, "fewer than the 34", out=out)
+    train_one_step_on(tiny_run, tmp_path, np.arange(length, dtype=np.uint16), refused)
 
 
 @pytest.mark.parametrize("stop_at, accepted", [(0, False), (1, True), (11, True), (12, False)])
