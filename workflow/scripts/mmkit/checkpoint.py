@@ -123,9 +123,8 @@ def digest(obj) -> str:
 
     def feed(x):
         if isinstance(x, torch.Tensor):
-            t = x.detach().cpu().contiguous().reshape(-1)
-            h.update(f"T{t.dtype}{tuple(x.shape)}".encode())
-            h.update(t.view(torch.uint8).numpy().tobytes())
+            h.update(f"T{x.dtype}{tuple(x.shape)}".encode())
+            h.update(raw_bytes(x).numpy().tobytes())
         elif isinstance(x, dict):
             h.update(f"D{len(x)}".encode())
             for k in sorted(x, key=repr):
@@ -320,5 +319,9 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same dtype, shape and bytes: NaN payloads included, unlike torch.equal, which also ignores dtype."""
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    flat = [t.detach().cpu().contiguous().reshape(-1).view(torch.uint8) for t in (a, b)]
-    return torch.equal(*flat)
+    return torch.equal(raw_bytes(a), raw_bytes(b))
+
+
+def raw_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's storage as flat uint8: what its bits are, whatever its dtype (0-dim included)."""
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
