@@ -31,14 +31,16 @@ lint: $(BIN)/.test
 	$(RUN) snakemake --lint
 	$(RUN) snakefmt --check Snakefile workflow/rules
 
-# copy the default run's results table and the latest benchmark targets into README.md
+# copy the default run's results tables and the latest benchmark targets into README.md
 readme: results
+	$(RUN) snakemake --cores all dist
 	$(BIN)/python workflow/scripts/update_readme.py README.md results=results/summary.md \
-		settings=results/settings.md bench=bench/targets.md
+		settings=results/settings.md dist=results/dist/summary.md bench=bench/targets.md
 
 # the benchmark (minutes; run it on a quiet machine): bench/results.md, results.csv, targets.md
 bench: $(BIN)/.test
 	$(BIN)/python bench/bench.py --out-csv bench/results.csv --out-md bench/results.md --out-targets bench/targets.md
+	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc-per-node 2 bench/async_save.py --out bench/async_save.md
 
 clean:
 	rm -rf results .snakemake

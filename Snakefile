@@ -9,6 +9,9 @@
 #                  ├────> resume_fp16 ─> halfresume               │
 #                  └────> optim ──────────────────────────────────┘
 #
+# And with several ranks (snakemake --cores 2 dist; part of all with dist: true): the same cut under
+# torchrun, DDP and FSDP2, and continued on another number of ranks, in OUTDIR/dist/ (rules/dist.smk).
+#
 # Each job reads only the config keys its rule declares (READS in workflow/rules/common.smk), from
 # OUTDIR/settings/<rule>.yaml: a changed setting reruns exactly the jobs that read it, and what follows.
 
@@ -26,6 +29,7 @@ report: "workflow/report/workflow.rst"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/dist.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/bench.smk"
 
@@ -36,3 +40,5 @@ rule all:
         rules.report.output,
         rules.inference.output,
         rules.settings_table.output,
+        # dist/: several ranks, when asked for (snakemake --cores 2 dist builds it alone)
+        rules.dist.input if DIST_IN_ALL else [],

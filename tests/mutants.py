@@ -37,6 +37,7 @@ class Breakage:
 CONTENTS = T + "test_resume_contents.py::test_resume_file_with_bad_contents_is_refused_naming_the_entry"
 ORDER = T + "test_durability.py::test_a_save_writes_flushes_fsyncs_the_file_renames_then_fsyncs_the_directory"
 CHAIN = T + "test_resume_points.py::test_a_chain_of_resumes_gives_the_straight_weights"
+DIST = T + "test_dist.py::"
 BREAKAGES = [
     # checkpoint I/O
     Breakage("atomic: no fsync of the file", M + "atomic.py", "            os.fsync(f.fileno())\n", "", (ORDER,)),
@@ -50,7 +51,7 @@ BREAKAGES = [
              (T + "test_bad_input.py::test_pickle_that_would_run_code_is_refused_and_never_runs",)),
     # the loop and its resume path, the data position
     Breakage("resume: generator state not restored", "workflow/scripts/run.py",
-             '            batch_generator.set_state(state["gen_state"])', "            pass", (CHAIN,)),
+             '        batch_generator.set_state(state["gen_state"])', "        pass", (CHAIN,)),
     Breakage("resume: optimizer state not loaded", "workflow/scripts/run.py",
              '            optimizer.load_state_dict(state["optimizer"])', "            pass", (CHAIN,)),
     Breakage("loop: LR from the step counted in this process", M + "train.py",
@@ -60,7 +61,7 @@ BREAKAGES = [
     Breakage("resume file: data position not saved", M + "checkpoint.py", '"gen_state": generator.get_state(),',
              '"gen_state": torch.Generator().get_state(),', (CHAIN,)),
     Breakage("ablation: noskip does not rewind the data", "workflow/scripts/run.py",
-             "            batch_generator.manual_seed(cfg.seed)  #", '            batch_generator.set_state(state["gen_state"])  #',
+             "        batch_generator.manual_seed(cfg.seed)  #", '        batch_generator.set_state(state["gen_state"])  #',
              (T + "test_pipeline.py::test_every_ablation_silently_changes_the_result",), False),
     Breakage("ablation: halfresume keeps fp32 weights", "workflow/scripts/halve_resume.py",
              '"model": cast_state_dict(state["model"], torch.float16)', '"model": state["model"]',
@@ -97,6 +98,20 @@ BREAKAGES = [
     Breakage("compare: NaN/Inf hidden in the max", M + "checkpoint.py",
              "elif count_nonfinite(a[k]) or count_nonfinite(b[k]):", "elif False:",
              (T + "test_resume_contents.py::test_compare_reports_nan_and_never_a_finite_max_around_it",)),
+    # several ranks
+    Breakage("ranks: every rank trains the first slices", M + "parallel.py",
+             "first = 0 if self.rank_generators else self.rank * self.slices_per_rank", "first = 0",
+             (DIST + "test_promised_pairs_are_bit_identical[reshard_1to2]",)),
+    Breakage("ranks: another world size continued without --reshard", M + "checkpoint.py",
+             "if layout and not (reshard or allow_mismatch):", "if False:",
+             (DIST + "test_another_world_size_needs_reshard",)),
+    Breakage("dcp: the manifest's sha256 not compared", M + "sharded.py", "if _sha256(f) != manifest[name]:",
+             "if False:", (DIST + "test_a_damaged_resume_directory_is_refused_whole[truncated shard]",)),
+    Breakage("dcp: .metadata through pickle.load", M + "sharded.py", "metadata = _MetadataUnpickler(f).load()",
+             "metadata = pickle.load(f)", (DIST + "test_a_metadata_pickle_that_runs_code_is_refused",)),
+    Breakage("dcp: shards written into the final directory", M + "sharded.py",
+             "dcp.save(shards, checkpoint_id=str(tmp))", "dcp.save(shards, checkpoint_id=str(path))",
+             (DIST + "test_a_rank_killed_in_the_middle_of_a_dcp_save_leaves_the_previous_directory",)),
     # the numbers of the report, and the export
     Breakage("divergence: rel. L2 without the square root", "workflow/scripts/divergence.py",
              "(sq / norm) ** 0.5", "sq / norm",

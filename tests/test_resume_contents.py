@@ -97,7 +97,7 @@ def test_a_nan_loss_stops_training_with_its_own_exit_and_writes_nothing(tmp_path
     config.write_text(yaml.safe_dump(tiny_config(lr=1.0e8)))
     out, log = tmp_path / "o.pth", tmp_path / "o.csv"
     out.write_bytes(b"an earlier checkpoint")
-    proc = run_script("run.py", "--config", config, "--tokens", tiny_run["tokens"], "--out", out, "--log", log)
+    proc = run_script("run.py", "--config", config, "--tokens", tiny_run["tokens"], "--out", out, "--loss-log", log)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert proc.returncode == 3 and len(errors) == 1, proc.stderr
     step = int(errors[0].split("step ")[1].split(":")[0])
@@ -291,7 +291,8 @@ def test_any_edit_of_a_resume_file_is_refused_in_one_line_or_harmless(tiny_run, 
 FINGERPRINT = {"format", "torch", "threads", "device", "precision", "weights_dtype", "nonfinite", "seed", "steps",
                "batch_size", "seq_len", "lr", "train_tokens_sha256", "model.hidden_size", "model.num_hidden_layers",
                "model.num_attention_heads", "model.num_key_value_heads", "model.vocab_size",
-               "model.max_position_embeddings", "model.rms_norm_eps", "model.rope_theta"}
+               "model.max_position_embeddings", "model.rms_norm_eps", "model.rope_theta",
+               "world_size", "strategy", "batch_slices", "rank_generators"}
 
 
 def flat(d, prefix=""):

@@ -20,7 +20,7 @@ def assert_same_bits(a, b):
 
 def stop_and_resume(tiny_run, tmp_path, k):
     resume = train(tiny_run, tmp_path / f"resume{k}.pth", "--stop-at", k)
-    return train(tiny_run, tmp_path / f"resumed{k}.pth", "--resume", resume, "--log", tmp_path / f"log{k}.csv")
+    return train(tiny_run, tmp_path / f"resumed{k}.pth", "--resume", resume, "--loss-log", tmp_path / f"log{k}.csv")
 
 
 def test_resuming_at_every_step_gives_the_straight_weights(pipeline, tiny_run, tmp_path):
@@ -82,7 +82,7 @@ def test_resume_is_bit_exact_in_bf16_autocast_too(tiny_run, tmp_path):
     config = tmp_path / "bf16.yaml"
     config.write_text(yaml.safe_dump(tiny_config(precision="bf16")))
     bf16_run = {**tiny_run, "config": config}
-    straight = train(bf16_run, tmp_path / "straight.pth", "--log", tmp_path / "straight.csv")
+    straight = train(bf16_run, tmp_path / "straight.pth", "--loss-log", tmp_path / "straight.csv")
     resumed = stop_and_resume(bf16_run, tmp_path, 5)
     assert_same_bits(straight, resumed)
     # autocast really ran: the bf16 losses are not the fp32 ones

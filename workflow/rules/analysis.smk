@@ -141,6 +141,7 @@ rule report:
         resumed_log=rules.resumed.output.log,
         plots=rules.plots.output,
         timing=expand("{out}/timing/{run}.json", out=OUT, run=TRAINING_RUNS),
+        dist=rules.dist_divergence.output.csv if DIST_IN_ALL else [],
     output:
         report=report(
             f"{OUT}/report.md", caption="../report/report.rst", category="Report"
@@ -150,9 +151,11 @@ rule report:
         f"{OUT}/logs/report.log",
     conda:
         ENV
+    params:
+        dist=lambda w, input: f"--dist {input.dist}" if input.dist else "",
     shell:
         "python {input.script} --resume {input.resume}"
         " --divergence {input.divergence} --fp16 {input.fp16} --bf16 {input.bf16} --optim {input.optim}"
         " --straight-log {input.straight_log} --resumed-log {input.resumed_log}"
-        " --plots {input.plots} --timing {input.timing}"
+        " --plots {input.plots} --timing {input.timing} {params.dist}"
         " --out {output.report} --summary {output.summary} 2> {log}"

@@ -38,7 +38,9 @@ def package(*modules):
     ]
 
 
-TRAINING_CODE = package("config", "model", "data", "train", "checkpoint")
+TRAINING_CODE = package(
+    "config", "model", "data", "train", "checkpoint", "parallel", "sharded", "failpoint"
+)
 
 # What each rule's jobs read from the config. A job is handed only these keys, in its own settings file,
 # and fails at once if it reads another one: so a changed setting reruns exactly the jobs that read it
@@ -54,6 +56,8 @@ TRAINING = [
     "precision",
     "nonfinite",
     "model",
+    "parallel",
+    "checkpoint",
 ]
 READS = {
     "tokenize": ["data.corpus", "data.val_fraction", "model.vocab_size"],
@@ -64,6 +68,94 @@ READS = {
     "inference": ["model"],
     "divergence": ["model", "seq_len"],
 }
+# dist/: the rank layouts it compares, each laid over the config's parallel section. batch_slices stays 2
+# in all three, so the global batch is summed in the same order whether 1 or 2 ranks train it.
+DIST_LAYOUTS = {
+    "ddp": {"world_size": 2, "strategy": "ddp", "batch_slices": 2},
+    "fsdp2": {"world_size": 2, "strategy": "fsdp2", "batch_slices": 2},
+    "one_rank": {"world_size": 1, "strategy": "ddp", "batch_slices": 2},
+}
+for layout in DIST_LAYOUTS:
+    READS[f"dist_{layout}"] = TRAINING
+    READS[f"dist_{layout}_stop"] = TRAINING + ["stop_at"]
+if config["parallel"]["world_size"] > 1 and config["parallel"]["strategy"] == "fsdp2":
+    raise WorkflowError(
+        "config key 'parallel.strategy': fsdp2 writes a resume directory, which the main experiment's"
+        " analysis does not read; use ddp here, and see the fsdp2 runs in dist/ (snakemake dist)"
+    )
+
+
+def settings_values(name):
+    """The keys READS[name] declares, with a dist/ layout's parallel section laid over the config's."""
+    values = select(config, READS[name])
+    layout = name.removeprefix("dist_").removesuffix("_stop")
+    if name.startswith("dist_"):
+        values["parallel"] = {**values["parallel"], **DIST_LAYOUTS[layout]}
+    return values
+
+
+# the dist/ runs (workflow/rules/dist.smk)
+DIST = f"{OUT}/dist"
+DIST_IN_ALL = config["dist"] or config["parallel"]["world_size"] > 1
+# run: (layout, flags)
+DIST_RUNS = {
+    "ddp": ("ddp", ""),
+    "rank0_gen": ("ddp", "--rank-generators"),
+    "fsdp2": ("fsdp2", ""),
+    "one_rank": ("one_rank", ""),
+}
+# continued on another number of ranks: (resume of, layout, flags)
+RESHARDS = {
+    "reshard_2to1": ("ddp", "one_rank", "--reshard"),
+    "reshard_1to2": ("one_rank", "ddp", "--reshard"),
+    "minimind_rescale": ("one_rank", "ddp", "--reshard --minimind-rescale"),
+    "fsdp2_to1": ("fsdp2", "one_rank", "--reshard"),
+}
+# each compared with the run it should equal: variant: reference
+DIST_PAIRS = {
+    "ddp/resumed": "ddp/straight",
+    "rank0_gen/resumed": "rank0_gen/straight",
+    "fsdp2/resumed": "fsdp2/straight",
+    "fsdp2/straight": "ddp/straight",
+    "reshard_2to1": "ddp/straight",
+    "reshard_1to2": "ddp/straight",
+    "minimind_rescale": "ddp/straight",
+    "fsdp2_to1": "fsdp2/straight",
+}
+
+
+def dist_threads(layout):
+    return config["threads"] * DIST_LAYOUTS[layout]["world_size"]
+
+
+def dist_resume(run):
+    return (
+        f"{DIST}/{run}/resume.dcp"
+        if DIST_RUNS[run][0] == "fsdp2"
+        else f"{DIST}/{run}/resume.pth"
+    )
+
+
+# (a rule's shell string is evaluated when its job runs, after the loops below have moved on: what
+# differs per rule goes into params, which are bound when the rule is defined)
+DIST_SHELL = (
+    "{params.launch} {input.script} --config {input.settings} --tokens {input.tokens} {params.flags}"
+    " --out {output.weights} --loss-log {output.log} --timing {output.timing} 2> {log}"
+)
+
+
+def dist_file(run, suffix):
+    return f"{DIST}/{run}{suffix}"
+
+
+def launch(world_size):
+    """How a training job starts: one plain process, or torchrun's ranks (never a home-made spawner)."""
+    if world_size == 1:
+        return "python"
+    # OMP_NUM_THREADS silences torchrun's warning; each rank sets its own torch threads from the config
+    return f"OMP_NUM_THREADS={config['threads']} torchrun --standalone --nproc-per-node {world_size}"
+
+
 # keys that name files: Snakemake already reruns a job whose input files change
 PATH_KEYS = ["outdir", "data.train_tokens", "data.val_tokens"]
 
@@ -81,9 +173,9 @@ def settings_table():
         if path:
             users.setdefault(Path(str(path)).stem, []).append(r.name)
     readers = {}
-    for name, keys in READS.items():
-        for key in leaf_keys(select(config, keys)):
-            readers.setdefault(key, []).extend(users[name])
+    for name in READS:
+        for key in leaf_keys(settings_values(name)):
+            readers.setdefault(key, []).extend(users.get(name, []))
     groups = {}
     for key, rules_reading in readers.items():
         groups.setdefault(tuple(rules_reading), []).append(key)
@@ -94,6 +186,7 @@ def settings_table():
     rows.append(
         f"| {' '.join(f'`{k}`' for k in PATH_KEYS)} | none: they name files, whose changes Snakemake sees |"
     )
+    rows.append("| `dist` | none: it only chooses whether `all` builds dist/ |")
     no_settings = [r.name for r in workflow.rules if not r.input.get("settings")]
     no_settings = [
         n for n in no_settings if n not in ("all", "settings", "settings_table")

@@ -16,7 +16,7 @@ rule settings:
         ENV
     params:
         # a param: Snakemake reruns this job when one of its values changes, and so the jobs reading it
-        text=lambda w: yaml.safe_dump(select(config, READS[w.name]), sort_keys=False),
+        text=lambda w: yaml.safe_dump(settings_values(w.name), sort_keys=False),
     shell:
         "python {input.script} {output} {params.text:q} 2> {log}"
 

@@ -1,6 +1,7 @@
 # Every training artifact is one call of run.py: the same model, optimizer, data and loop.
 
 RUN = SCRIPTS / "run.py"
+LAUNCH = launch(config["parallel"]["world_size"])
 
 
 rule straight:
@@ -17,10 +18,10 @@ rule straight:
         f"{OUT}/logs/straight.log",
     conda:
         ENV
-    threads: config["threads"]
+    threads: config["threads"] * config["parallel"]["world_size"]
     shell:
-        "python {input.script} --config {input.settings} --tokens {input.tokens}"
-        " --out {output.weights} --log {output.log} --timing {output.timing} 2> {log}"
+        f"{LAUNCH} {{input.script}} --config {{input.settings}} --tokens {{input.tokens}}"
+        " --out {output.weights} --loss-log {output.log} --timing {output.timing} 2> {log}"
 
 
 rule resume:
@@ -37,10 +38,10 @@ rule resume:
         f"{OUT}/logs/resume.log",
     conda:
         ENV
-    threads: config["threads"]
+    threads: config["threads"] * config["parallel"]["world_size"]
     shell:
-        "python {input.script} --config {input.settings} --tokens {input.tokens} --stop-at"
-        " --out {output.resume} --log {output.log} --timing {output.timing} 2> {log}"
+        f"{LAUNCH} {{input.script}} --config {{input.settings}} --tokens {{input.tokens}} --stop-at"
+        " --out {output.resume} --loss-log {output.log} --timing {output.timing} 2> {log}"
 
 
 rule resumed:
@@ -58,12 +59,12 @@ rule resumed:
         f"{OUT}/logs/resumed.log",
     conda:
         ENV
-    threads: config["threads"]
+    threads: config["threads"] * config["parallel"]["world_size"]
     params:
         ablation="",
     shell:
-        "python {input.script} --config {input.settings} --tokens {input.tokens} --resume {input.resume}"
-        " {params.ablation} --out {output.weights} --log {output.log} --timing {output.timing} 2> {log}"
+        f"{LAUNCH} {{input.script}} --config {{input.settings}} --tokens {{input.tokens}} --resume {{input.resume}}"
+        " {params.ablation} --out {output.weights} --loss-log {output.log} --timing {output.timing} 2> {log}"
 
 
 # The ablations: resume with one piece of the resume file thrown away or damaged.

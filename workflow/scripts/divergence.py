@@ -33,53 +33,81 @@ def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--config", required=True)
     p.add_argument("--val", required=True)
-    p.add_argument("--straight", nargs=2, metavar=("PTH", "LOG"), required=True)
-    p.add_argument("--variant", nargs=3, action="append", metavar=("NAME", "PTH", "LOG"), required=True)
+    p.add_argument("--straight", nargs=2, metavar=("PTH", "LOG"), help="the reference of every --variant")
+    p.add_argument("--variant", nargs=3, action="append", metavar=("NAME", "PTH", "LOG"), default=[])
+    p.add_argument("--pair", nargs=6, action="append", default=[],
+                   metavar=("NAME", "PTH", "LOG", "REF_NAME", "REF_PTH", "REF_LOG"),
+                   help="a variant and the run it is compared with (dist/: each its own reference)")
     p.add_argument("--csv", required=True)
+    p.add_argument("--md", help="with --pair: the same rows as a markdown table (the README's dist block)")
     args = p.parse_args()
+    if bool(args.straight) != bool(args.variant) or bool(args.variant) == bool(args.pair):
+        raise UserError("give --straight with --variant ..., or --pair ...")
 
     cfg = load_config(args.config)
     arch, seq_len = model_config(cfg), cfg.seq_len
     torch.set_num_threads(EVAL_THREADS)
     val = load_tokens(args.val, arch.vocab_size, seq_len + 1, "validation tokens")
     model = MiniMindForCausalLM(arch)
+    runs = {}  # path -> (weights, loss log, val loss): a reference shared by several variants is read once
 
-    def val_loss(sd):
-        model.load_state_dict(sd)
-        return eval_loss(model, val, seq_len)
+    def load(pth, log):
+        if pth not in runs:
+            sd = load_weights(pth, model)
+            model.load_state_dict(sd)
+            runs[pth] = sd, read_loss_log(log), eval_loss(model, val, seq_len)
+        return runs[pth]
 
-    ref = load_weights(args.straight[0], model)
-    ref_log = read_loss_log(args.straight[1])
-    ref_val = val_loss(ref)
-    rows = []
-    for name, pth, log in args.variant:
-        sd = load_weights(pth, model)
-        losses = read_loss_log(log)
-        after_cut = sorted(losses)  # a resumed run logs only the steps after the cut
-        if any(s not in ref_log for s in after_cut) or not after_cut:
-            raise UserError(f"{log} covers steps the straight log {args.straight[1]} lacks, or none at all")
-        gaps = [abs(losses[s] - ref_log[s]) for s in after_cut]
-        max_abs, rel_l2, differing = weight_gap(ref, sd)
-        v = val_loss(sd)
-        rows.append({
-            "variant": name,
-            "max_abs_dweight": max_abs,
-            "rel_l2_dweight": rel_l2,
-            "tensors_differing": differing,
-            "final_train_loss": losses[max(losses)],
-            "val_loss": v,
-            "val_loss_gap": v - ref_val,
-            "mean_abs_loss_gap": sum(gaps) / len(gaps),
-            "max_abs_loss_gap": max(gaps),
-        })
-        print(rows[-1])
-    rows.insert(0, {"variant": "straight", "final_train_loss": ref_log[max(ref_log)], "val_loss": ref_val,
-                    **{c: 0 for c in DIVERGENCE_COLUMNS if c not in ("variant", "final_train_loss", "val_loss")}})
+    if args.pair:
+        rows = [{"variant": name, "reference": ref, "first_step": min(load(pth, log)[1]),
+                 **gaps(load(pth, log), load(ref_pth, ref_log), log, ref_log)}
+                for name, pth, log, ref, ref_pth, ref_log in args.pair]
+        columns = ["variant", "reference", "first_step"] + DIVERGENCE_COLUMNS[1:]
+    else:
+        ref = load(*args.straight)
+        rows = [{"variant": name, **gaps(load(pth, log), ref, log, args.straight[1])} for name, pth, log in args.variant]
+        rows.insert(0, {"variant": "straight", "final_train_loss": ref[1][max(ref[1])], "val_loss": ref[2],
+                        **{c: 0 for c in DIVERGENCE_COLUMNS if c not in ("variant", "final_train_loss", "val_loss")}})
+        columns = DIVERGENCE_COLUMNS
+    for row in rows:
+        print(row)
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=DIVERGENCE_COLUMNS, lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     w.writeheader()
     w.writerows(rows)
     write_text_atomic(args.csv, buf.getvalue())
+    if args.md:
+        write_text_atomic(args.md, pairs_table(rows))
+
+
+def pairs_table(rows: list[dict]) -> str:
+    lines = ["| variant | compared with | first step | max \\|Δw\\| | tensors differing | max \\|Δloss\\| | bit-exact |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| `{r['variant']}` | `{r['reference']}` | {r['first_step']} | {r['max_abs_dweight']:.3g} | "
+                     f"{r['tensors_differing']} | {r['max_abs_loss_gap']:.3g} | "
+                     f"{'yes' if r['tensors_differing'] == 0 else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def gaps(run, ref, log, ref_log_path) -> dict:
+    """How far RUN ends from REF: weights, val loss, and train loss over the steps RUN logged (after its cut)."""
+    (sd, losses, v), (ref_sd, ref_log, ref_val) = run, ref
+    after_cut = sorted(losses)  # a resumed run logs only the steps after the cut
+    if any(s not in ref_log for s in after_cut) or not after_cut:
+        raise UserError(f"{log} covers steps the reference log {ref_log_path} lacks, or none at all")
+    loss_gaps = [abs(losses[s] - ref_log[s]) for s in after_cut]
+    max_abs, rel_l2, differing = weight_gap(ref_sd, sd)
+    return {
+        "max_abs_dweight": max_abs,
+        "rel_l2_dweight": rel_l2,
+        "tensors_differing": differing,
+        "final_train_loss": losses[max(losses)],
+        "val_loss": v,
+        "val_loss_gap": v - ref_val,
+        "mean_abs_loss_gap": sum(loss_gaps) / len(loss_gaps),
+        "max_abs_loss_gap": max(loss_gaps),
+    }
 
 
 if __name__ == "__main__":

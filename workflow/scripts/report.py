@@ -9,7 +9,7 @@ from pathlib import Path
 from mmkit.atomic import write_text_atomic
 from mmkit.checkpoint import load_resume
 from mmkit.errors import run_cli
-from mmkit.report import read_divergence, render, summary_table, tail_lines_equal
+from mmkit.report import read_divergence, render, render_dist, summary_table, tail_lines_equal
 
 
 def main():
@@ -23,6 +23,7 @@ def main():
     p.add_argument("--resumed-log", required=True)
     p.add_argument("--plots", nargs=2, required=True, metavar=("LOSS_PNG", "GAP_PNG"))
     p.add_argument("--timing", nargs="+", required=True, help="timing/RUN.json of every training job")
+    p.add_argument("--dist", help="dist/divergence.csv, when dist/ was built")
     p.add_argument("--out", required=True, help="report.md")
     p.add_argument("--summary", required=True, help="summary.md: the README's results table")
     args = p.parse_args()
@@ -46,7 +47,9 @@ def main():
     log_match = tail_lines_equal(Path(args.straight_log).read_text(), Path(args.resumed_log).read_text())
     # the report links its pictures relative to itself, so the results folder can move as a whole
     plots = {k: os.path.relpath(v, Path(args.out).parent) for k, v in zip(("loss", "gap"), args.plots)}
-    write_text_atomic(args.out, render(env, optim, halves, divergence, log_match, plots))
+    dist = read_divergence(args.dist) if args.dist else None
+    write_text_atomic(args.out, render(env, optim, halves, divergence, log_match, plots)
+                      + render_dist(dist, resume["step"]))
     write_text_atomic(args.summary, summary_table(env, optim, halves["fp16"], divergence))
 
 

@@ -18,6 +18,7 @@ import torch
 
 from .atomic import write_atomic
 from .errors import UserError
+from .failpoint import failpoint
 
 FORMAT_VERSION = 2  # 2: skipped_steps, digests and the weights' dtype in the fingerprint
 
@@ -26,7 +27,11 @@ FORMAT_VERSION = 2  # 2: skipped_steps, digests and the weights' dtype in the fi
 
 
 def save_atomic(obj, path) -> None:
-    write_atomic(path, lambda f: torch.save(obj, f))
+    def write(f):
+        torch.save(obj, f)
+        failpoint("save")  # the tests kill a save here: all bytes written, none committed
+
+    write_atomic(path, write)
 
 
 # --- reading files back -----------------------------------------------------------------------
@@ -96,17 +101,27 @@ def load_model(path, model: torch.nn.Module) -> torch.nn.Module:
 # --- the resume file --------------------------------------------------------------------------
 
 
-def resume_state(model, optimizer, step: int, skipped_steps: int, generator: torch.Generator,
-                 fingerprint: dict) -> dict:
-    """Everything step+1 depends on. Leave one out and the resumed run silently differs."""
-    return seal({
-        "model": model.state_dict(),  # fp32 weights: half precision here would change the next step
-        "optimizer": optimizer.state_dict(),  # AdamW's exp_avg and exp_avg_sq per parameter, and its step
+def resume_state(model_state: dict, optimizer_state: dict, step: int, skipped_steps: int,
+                 generator: torch.Generator, fingerprint: dict) -> dict:
+    """Everything step+1 depends on. Leave one out and the resumed run silently differs.
+
+    One file (save_resume_file) at world size 1 and under DDP; under FSDP2 model and optimizer are
+    sharded and the whole goes to a DCP directory (mmkit.sharded).
+    """
+    return {
+        "model": model_state,  # fp32 weights: half precision here would change the next step
+        "optimizer": optimizer_state,  # AdamW's exp_avg and exp_avg_sq per parameter, and its step
         "step": step,  # the LR schedule continues from here, counted on the total steps
         "skipped_steps": skipped_steps,  # updates skipped for a non-finite loss: AdamW counted step - these
-        "gen_state": generator.get_state(),  # the data position: which batch comes next
+        # the data position: which batch comes next. One generator for all ranks, so one state
+        # (the rank0_gen ablation saves rank 0's and so forgets the others')
+        "gen_state": generator.get_state(),
         "fingerprint": fingerprint,  # what must match for the continuation to be bit-exact
-    })
+    }
+
+
+def save_resume_file(state: dict, path) -> None:
+    save_atomic(seal(state), path)
 
 
 RESUME_KEYS = ("model", "optimizer", "step", "skipped_steps", "gen_state", "fingerprint", "digests")
@@ -157,21 +172,42 @@ def load_resume(path) -> dict:
     return state
 
 
-def read_resume(path, fingerprint: dict, allow_mismatch: bool = False) -> dict:
-    """Load a resume file; refuse one made under other settings unless allow_mismatch."""
+def read_resume(path) -> dict:
+    """Load a resume file, of this code's format (check_fingerprint then compares its settings)."""
     state = load_resume(path)
-    saved = state["fingerprint"]
-    if saved.get("format") != FORMAT_VERSION:
-        raise UserError(f"resume file {path} has format {saved.get('format')}, this code reads {FORMAT_VERSION}")
-    diffs = fingerprint_diff(saved, fingerprint)
-    if diffs and not allow_mismatch:
+    check_format(state["fingerprint"], f"resume file {path}")
+    return state
+
+
+def check_format(saved_fingerprint: dict, source: str) -> None:
+    if saved_fingerprint.get("format") != FORMAT_VERSION:
+        raise UserError(f"{source} has format {saved_fingerprint.get('format')}, this code reads {FORMAT_VERSION}")
+
+
+# what may differ when a run continues on another number of ranks (--reshard); anything else may not
+RESHARD_KEYS = ("world_size", "strategy", "batch_slices")
+
+
+def check_fingerprint(saved: dict, current: dict, source: str, allow_mismatch: bool = False, reshard: bool = False) -> None:
+    """Refuse a resume made under other settings, unless allow_mismatch (or reshard, for the rank layout)."""
+    diffs = fingerprint_diff(saved, current)
+    layout = [d for d in diffs if d.split()[0] in RESHARD_KEYS]
+    other = [d for d in diffs if d not in layout]
+    if layout and not (reshard or allow_mismatch):
+        raise UserError(f"{source} was saved with another rank layout: {'; '.join(layout)} "
+                        "(pass --reshard to continue it on this one)")
+    if other and not allow_mismatch:
         raise UserError(
-            f"resume file {path} was made under other settings: {'; '.join(diffs)} "
+            f"{source} was made under other settings: {'; '.join(other)} "
             "(rerun with the same settings, or pass --allow-mismatch and lose bit-exactness)"
         )
-    if diffs:
-        print(f"warning: resuming despite {'; '.join(diffs)}: the result will not be bit-exact", file=sys.stderr)
-    return state
+    if layout:
+        exact = saved.get("batch_slices") == current.get("batch_slices")
+        print(f"resume: resharding ({'; '.join(layout)}): "
+              + ("the same batch slices, so the same sums: bit-exact" if exact else
+                 "other batch slices, so gradients are summed in another order: not bit-exact"), file=sys.stderr)
+    if other:
+        print(f"warning: resuming despite {'; '.join(other)}: the result will not be bit-exact", file=sys.stderr)
 
 
 def fingerprint_diff(saved: dict, current: dict, prefix: str = "") -> list[str]:
@@ -201,17 +237,8 @@ def check_resume(state: dict, path, *, model, optimizer, expected_gen_state: Cal
     if not 0 <= skipped <= step:
         refuse("skipped_steps", f"is {skipped}; it must lie in 0..step ({step})")
 
-    # weights: every tensor the model has, of the shape it has, in the file's own dtype, finite, ties kept
-    check_fits(state["model"], model, f"resume file {path}: entry 'model'")
-    dtype = state["fingerprint"].get("weights_dtype")
-    for name, t in state["model"].items():
-        if str(t.dtype).removeprefix("torch.") != dtype:
-            refuse("model", f"tensor {name} is {t.dtype}, the fingerprint says {dtype}")
-        if not torch.isfinite(t).all():
-            refuse("model", f"tensor {name} holds {count_nonfinite(t)} non-finite values")
-    for name, tied_to in tied_names(model).items():
-        if not torch.equal(state["model"][name], state["model"][tied_to]):
-            refuse("model", f"tensor {name} differs from {tied_to}, which the model ties it to")
+    if "model" not in ignore:
+        check_weights(state, path, model, refuse)
 
     if "optimizer" not in ignore:
         check_optimizer_state(state["optimizer"], optimizer, step - skipped, refuse)
@@ -227,6 +254,20 @@ def check_resume(state: dict, path, *, model, optimizer, expected_gen_state: Cal
     for k in SEALED:
         if k not in ignore and digest(state[k]) != state["digests"].get(k):
             refuse(k, "does not match the sha256 recorded when the file was saved (edited or damaged)")
+
+
+def check_weights(state: dict, path, model, refuse) -> None:
+    """Every tensor the model has, of the shape it has, in the file's own dtype, finite, ties kept."""
+    check_fits(state["model"], model, f"resume file {path}: entry 'model'")
+    dtype = state["fingerprint"].get("weights_dtype")
+    for name, t in state["model"].items():
+        if str(t.dtype).removeprefix("torch.") != dtype:
+            refuse("model", f"tensor {name} is {t.dtype}, the fingerprint says {dtype}")
+        if not torch.isfinite(t).all():
+            refuse("model", f"tensor {name} holds {count_nonfinite(t)} non-finite values")
+    for name, tied_to in tied_names(model).items():
+        if not torch.equal(state["model"][name], state["model"][tied_to]):
+            refuse("model", f"tensor {name} differs from {tied_to}, which the model ties it to")
 
 
 def check_optimizer_state(saved: dict, optimizer, updates: int, refuse) -> None:

@@ -15,6 +15,7 @@ import yaml
 
 from .errors import AT_SUCCESS, UserError
 from .model import ModelConfig
+from .parallel import ParallelConfig
 
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
 
@@ -32,6 +33,8 @@ class RunConfig:
     precision: str
     nonfinite: str
     model: ModelConfig
+    parallel: ParallelConfig
+    async_save: bool  # checkpoint.async
 
 
 class Settings:
@@ -102,6 +105,17 @@ def check_config(cfg: dict, partial: bool = False) -> None:
         raise UserError(f"config key '{key}': {e.message}")
     if "stop_at" in cfg and "steps" in cfg and not 1 <= cfg["stop_at"] <= cfg["steps"] - 1:
         raise UserError(f"config key 'stop_at': {cfg['stop_at']} must lie in 1..steps-1 (steps = {cfg['steps']})")
+    par = cfg.get("parallel", {})
+    if {"world_size", "batch_slices"} <= par.keys():
+        slices = par["batch_slices"] or par["world_size"]
+        if slices % par["world_size"]:
+            raise UserError(f"config key 'parallel.batch_slices': {slices} slices cannot be shared evenly by "
+                            f"parallel.world_size {par['world_size']} ranks")
+        if "batch_size" in cfg and cfg["batch_size"] % slices:
+            raise UserError(f"config key 'batch_size': {cfg['batch_size']} is not divisible into "
+                            f"{slices} slices (parallel.batch_slices, or one per rank of parallel.world_size)")
+    if par.get("backend") == "nccl" and cfg.get("device") == "cpu":
+        raise UserError("config key 'parallel.backend': nccl needs device cuda (or auto on a machine with CUDA)")
     m = cfg.get("model", {})
     if {"hidden_size", "num_attention_heads", "num_key_value_heads"} <= m.keys():
         if m["hidden_size"] % m["num_attention_heads"]:
@@ -142,8 +156,11 @@ def model_config(cfg: Settings) -> ModelConfig:
 
 def run_config(cfg: Settings) -> RunConfig:
     """Every training key, read now, so a job missing one fails before its first step."""
-    fields = [f for f in RunConfig.__dataclass_fields__ if f != "model"]
-    return RunConfig(**{k: getattr(cfg, k) for k in fields}, model=model_config(cfg))
+    fields = [f for f in RunConfig.__dataclass_fields__ if f not in ("model", "parallel", "async_save")]
+    values = {k: getattr(cfg, k) for k in fields}
+    model = model_config(cfg)
+    parallel = ParallelConfig(**{k: getattr(cfg.parallel, k) for k in ParallelConfig.__dataclass_fields__})
+    return RunConfig(**values, model=model, parallel=parallel, async_save=getattr(cfg.checkpoint, "async"))
 
 
 MODEL_KEYS = tuple(yaml.safe_load(SCHEMA.read_text())["properties"]["model"]["properties"])

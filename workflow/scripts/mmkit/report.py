@@ -51,6 +51,8 @@ def read_divergence(path) -> list[dict]:
     for r in rows:
         for k in DIVERGENCE_COLUMNS[1:]:
             r[k] = float(r[k])
+        if "first_step" in r:  # dist/divergence.csv
+            r["first_step"] = int(r["first_step"])
     return rows
 
 
@@ -169,6 +171,62 @@ def render(env: dict, optim: dict, halves: dict, divergence: list[dict], log_mat
     return "\n".join(lines)
 
 
+
+
+def render_dist(rows: list[dict] | None, stop_at: int) -> str:
+    """The section on several ranks, from dist/divergence.csv (None: dist/ was not built)."""
+    lines = ["## 여러 프로세스 (DDP, FSDP2, 리샤딩)", ""]
+    if rows is None:
+        return "\n".join(lines + [
+            "`dist/`를 만들지 않았다: `snakemake --cores 2 dist` (또는 설정 `dist: true`)로 torchrun 2랭크 "
+            "비교를 만든다.", ""])
+    r = {row["variant"]: row for row in rows}
+
+    def gap(name):
+        return f"최대 \\|Δw\\| {g(r[name]['max_abs_dweight'])}, 다른 텐서 {int(r[name]['tensors_differing'])}개"
+
+    rescaled = r["minimind_rescale"]["first_step"] - 1
+    lines += [
+        "torchrun으로 띄운 2랭크(gloo, CPU) 실행이다. 설계: `batch_size`는 전역 배치이고, 모든 랭크가 "
+        "하나의 생성기에서 같은 전역 배치를 뽑아 자기 몫의 연속 조각으로 학습한다. 그래서 데이터 위치는 "
+        "랭크 수와 무관한 생성기 상태 하나다. MiniMind는 랭크마다 DistributedSampler로 다른 표본을 읽고, "
+        "랭크 수가 바뀌면 `step * saved_ws // current_ws`로 스텝을 다시 계산한다. 전역 배치는 늘 2조각"
+        "(`batch_slices`)으로 나뉘고, 1랭크는 두 조각을 손실/2로 누적한다: 2로 나누기는 정확하고 두 항의 "
+        "합은 순서에 무관하므로 1랭크와 2랭크가 같은 비트를 만든다.",
+        "",
+        "| 변형 | 비교 대상 | 첫 스텝 | 최대 \\|Δw\\| | 상대 L2 | 다른 텐서 | 학습 손실 차 평균 / 최대 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(f"| {row['variant']} | {row['reference']} | {row['first_step']} | {g(row['max_abs_dweight'])} | "
+                     f"{g(row['rel_l2_dweight'])} | {int(row['tensors_differing'])} | "
+                     f"{g(row['mean_abs_loss_gap'])} / {g(row['max_abs_loss_gap'])} |")
+    lines += [
+        "",
+        f"- **DDP 재개** (`ddp/resumed`): 랭크 0이 배리어 뒤에 재개 파일 하나를 원자적으로 쓰고, 모든 랭크가 "
+        f"그것을 읽는다. {gap('ddp/resumed')}.",
+        f"- **랭크마다 생성기** (`rank0_gen`): 흔한 DDP 습관대로 랭크마다 `seed + rank` 생성기를 쓰고 랭크 0의 "
+        f"상태만 저장하면, 재개 후 모든 랭크가 랭크 0의 배치로 학습한다 — 같은 배치를 두 번 세는 셈이다. "
+        f"{gap('rank0_gen/resumed')}, 학습 손실 차 최대 {g(r['rank0_gen/resumed']['max_abs_loss_gap'])}.",
+        f"- **FSDP2 재개** (`fsdp2/resumed`): 가중치와 AdamW 상태가 랭크마다 나뉘어 DCP 디렉터리 "
+        f"`resume.dcp`에 저장된다(임시 이름으로 쓰고 fsync 후 이름 변경, 파일마다 sha256). {gap('fsdp2/resumed')}.",
+        f"- **FSDP2 대 DDP** (`fsdp2/straight`): {gap('fsdp2/straight')}. 기울기 클리핑의 노름을 FSDP2는 "
+        "샤드별로 더하고 DDP는 온전한 텐서에서 구하므로 클리핑 계수의 마지막 비트가 다르다.",
+        f"- **2 → 1 랭크** (`reshard_2to1`): {gap('reshard_2to1')}. **1 → 2 랭크** (`reshard_1to2`): "
+        f"{gap('reshard_1to2')}. 조각 수가 같으니 합의 순서도 같다. 조각 수가 바뀌면(예: 4랭크에 4조각) "
+        "all-reduce의 합 순서가 달라져 비트 일치는 깨진다: 마지막 비트 수준의 표류다.",
+        f"- **DCP 리샤딩** (`fsdp2_to1`): 2랭크 FSDP2의 `resume.dcp`를 한 프로세스로 읽어 이어 학습했다. "
+        f"{gap('fsdp2_to1')} — FSDP2 대 DDP와 같은 이유(클리핑 노름의 합 순서)다.",
+        f"- **MiniMind의 스텝 재계산** (`minimind_rescale`): 1랭크에서 {stop_at} 스텝에 저장한 파일을 2랭크로 "
+        f"이으면 `{stop_at} * 1 // 2 = {rescaled}` 스텝부터 다시 시작하고 데이터 순서도 그 스텝에서 다시 "
+        f"만든다. 배치 {stop_at - rescaled}개를 두 번 보고, 학습률 일정도 되감긴다. {gap('minimind_rescale')}, "
+        f"학습 손실 차 최대 {g(r['minimind_rescale']['max_abs_loss_gap'])}. 반대로 2랭크 → 1랭크이면 "
+        f"`{stop_at} * 2 // 1 = {stop_at * 2}` 스텝이 되어 남은 배치를 건너뛴다.",
+        "",
+        "GPU(`backend: nccl`, `device: cuda`)도 같은 코드로 돌지만 이 프로젝트에는 GPU가 없어 검증하지 않았다.",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def summary_table(env: dict, optim: dict, fp16: dict, divergence: list[dict]) -> str:

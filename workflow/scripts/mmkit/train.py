@@ -14,6 +14,7 @@ from .config import RunConfig
 from .data import get_batch
 from .errors import NonFiniteError, UserError
 from .model import MiniMindForCausalLM
+from .parallel import Ranks
 
 WEIGHT_DECAY = 0.01
 # evaluation (half-precision logits, val loss) runs on 1 thread, so its numbers depend on the weights
@@ -50,18 +51,26 @@ def make_deterministic(cfg: RunConfig) -> str:
     return device
 
 
-def build(cfg: RunConfig, device: str):
-    """Model, optimizer and batch generator, built identically by the straight and the resumed run."""
+def build(cfg: RunConfig, device: str, ranks: Ranks | None = None):
+    """Model, optimizer and batch generator, built identically by the straight and the resumed run.
+
+    With several ranks the model is wrapped (DDP, or sharded in place by FSDP2) before AdamW sees it.
+    """
     # seed before building the model: a resumed run draws the same init even though it is overwritten,
-    # so every later draw from the global RNG lines up with the straight run's
+    # so every later draw from the global RNG lines up with the straight run's (on every rank alike)
     torch.manual_seed(cfg.seed)
     model = MiniMindForCausalLM(cfg.model).to(device)
+    if ranks is not None:
+        model = ranks.wrap(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=WEIGHT_DECAY)
-    batch_generator = torch.Generator().manual_seed(cfg.seed)  # its own, so nothing else moves the data position
+    # its own generator, so nothing else moves the data position; the same on every rank, unless the
+    # rank0_gen ablation gives each rank its own (seed + rank), as many DDP scripts do
+    own = ranks is not None and ranks.rank_generators
+    batch_generator = torch.Generator().manual_seed(cfg.seed + (ranks.rank if own else 0))
     return model, optimizer, batch_generator
 
 
-def fingerprint(cfg: RunConfig, device: str, train_tokens) -> dict:
+def fingerprint(cfg: RunConfig, device: str, train_tokens, ranks: Ranks) -> dict:
     """The settings a bit-exact continuation depends on; stored in and checked against the resume file."""
     return {
         "format": FORMAT_VERSION,
@@ -78,6 +87,11 @@ def fingerprint(cfg: RunConfig, device: str, train_tokens) -> dict:
         "seq_len": cfg.seq_len,
         "lr": cfg.lr,
         "train_tokens_sha256": hashlib.sha256(memoryview(train_tokens)).hexdigest(),
+        # how the global batch is cut and summed; only --reshard continues under another world size
+        "world_size": ranks.world_size,
+        "strategy": ranks.strategy,
+        "batch_slices": ranks.slices,
+        "rank_generators": ranks.rank_generators,
     }
 
 
@@ -88,8 +102,11 @@ def autocast(cfg: RunConfig, device: str):
 
 
 def train(cfg: RunConfig, device, model, optimizer, batch_generator, tokens, first_step: int, last_step: int,
-          schedule_offset: int = 0):
+          ranks: Ranks, schedule_offset: int = 0):
     """Optimizer steps first_step..last_step (1-based, inclusive); yields (step, loss, skipped) after each.
+
+    Each rank trains on its micro-batches of the step's batch (ranks.micro_batches), accumulating their
+    gradients; loss is the mean over all slices of the global batch, the same number on every rank.
 
     A non-finite loss or gradient norm stops the run (NonFiniteError), or with nonfinite: skip leaves
     the weights and AdamW untouched for that step (skipped=True), as a mixed-precision loss scaler does.
@@ -102,12 +119,17 @@ def train(cfg: RunConfig, device, model, optimizer, batch_generator, tokens, fir
         lr = lr_at(step - schedule_offset, cfg.steps, cfg.lr)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        x, y = get_batch(tokens, cfg.batch_size, cfg.seq_len, batch_generator)
-        with autocast(cfg, device):
-            _, loss = model(x.to(device), y.to(device))
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP).item()
-        loss = loss.item()
+        drawn = cfg.batch_size // ranks.world_size if ranks.rank_generators else cfg.batch_size
+        micro_batches = ranks.micro_batches(*get_batch(tokens, drawn, cfg.seq_len, batch_generator))
+        loss = 0.0
+        for i, (x, y) in enumerate(micro_batches):
+            with ranks.grad_sync(model, last=i == len(micro_batches) - 1), autocast(cfg, device):
+                _, micro_loss = model(x.to(device), y.to(device))
+            # scaled only when it changes something: one slice on one rank stays the plain loop, bit for bit
+            (micro_loss * ranks.loss_scale if ranks.loss_scale != 1 else micro_loss).backward()
+            loss += micro_loss.item() / ranks.slices
+        loss = ranks.sum(loss)
+        grad_norm = total_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP))
         finite = math.isfinite(loss) and math.isfinite(grad_norm)
         if not finite and cfg.nonfinite == "stop":
             raise NonFiniteError(f"step {step}: loss {loss}, gradient norm {grad_norm}"
@@ -117,9 +139,15 @@ def train(cfg: RunConfig, device, model, optimizer, batch_generator, tokens, fir
         optimizer.zero_grad(set_to_none=True)
         ms = (time.perf_counter() - t0) * 1000
         note = "" if finite else "  skipped: non-finite"
-        print(f"step {step:>4}/{cfg.steps}  loss {loss:.6f}  lr {lr:.3e}  {ms:.0f} ms{note}", file=sys.stderr,
-              flush=True)
+        if ranks.main:
+            print(f"step {step:>4}/{cfg.steps}  loss {loss:.6f}  lr {lr:.3e}  {ms:.0f} ms{note}", file=sys.stderr,
+                  flush=True)
         yield step, loss, not finite
+
+
+def total_norm(norm) -> float:
+    """clip_grad_norm_'s result as a float; under FSDP2 it is a DTensor, summed shard by shard."""
+    return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
 
 
 def first_nonfinite_grad(model) -> str:

@@ -1,0 +1,255 @@
+"""Several ranks: dist/ built by torchrun jobs, compared tensor by tensor; damaged and malicious resume
+directories; ranks killed mid-save and mid-step.
+
+Each test names the breakage it catches.
+"""
+
+import csv
+import math
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import (SCRIPTS, TINY, assert_same_state_dict, clean_env, differences, run_script, same_state_dict,
+                      snakemake)
+
+PAIRS_EXACT = {  # variant: the run it must equal bit for bit
+    "ddp/resumed": "ddp/straight",
+    "fsdp2/resumed": "fsdp2/straight",
+    "reshard_2to1": "ddp/straight",
+    "reshard_1to2": "ddp/straight",
+}
+
+
+@pytest.fixture(scope="session")
+def build(pipeline):
+    """build(*names): those dist/ targets made by snakemake in the tiny pipeline's folder (its tokens
+    reused), each once per session; returns results/dist. A test builds only what it reads."""
+    done = set()
+
+    def build(*names):
+        todo = [n for n in names if n not in done]
+        if todo:
+            snakemake(pipeline.parent, *(f"results/dist/{n}" for n in todo))
+            done.update(todo)
+        return pipeline / "dist"
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def dist(build) -> Path:
+    """All of dist/ (snakemake dist)."""
+    return build("divergence.csv")
+
+
+def weights(dist: Path, run: str) -> dict:
+    return torch.load(dist / f"{run}.pth", weights_only=True)
+
+
+def torchrun(*args, env=None, timeout=180):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(SCRIPTS / "run.py"), *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env={**clean_env(), "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+# --- bit-exact pairs ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", PAIRS_EXACT)
+def test_promised_pairs_are_bit_identical(build, variant):
+    """Catches: a rank-0-only data position, a missing barrier, DCP shards loaded into the wrong rank,
+    accumulation that scales or sums the slices differently on 1 and 2 ranks."""
+    dist = build(f"{variant}.pth", f"{PAIRS_EXACT[variant]}.pth")
+    assert_same_state_dict(weights(dist, variant), weights(dist, PAIRS_EXACT[variant]))
+
+
+def test_the_ablations_really_differ(dist, pipeline):
+    """Catches: rank0_gen or minimind_rescale silently doing the same as the plain resume (then the report's
+    claims about them would be about nothing), and a rescale computed with the wrong rule."""
+    for variant, ref in (("rank0_gen/resumed", "rank0_gen/straight"), ("minimind_rescale", "ddp/straight")):
+        assert not same_state_dict(weights(dist, variant), weights(dist, ref)), variant
+    # MiniMind's rule: saved on 1 rank at stop_at, continued on 2 -> stop_at * 1 // 2, then the next step
+    first = min(int(r["step"]) for r in csv.DictReader(open(dist / "minimind_rescale_log.csv")))
+    assert first == TINY["stop_at"] * 1 // 2 + 1
+
+
+def test_divergence_csv_is_recomputed_from_the_files(dist):
+    """Catches: a dist/divergence.csv (and so the report's table) that does not say what the files hold."""
+    rows = list(csv.DictReader(open(dist / "divergence.csv")))
+    assert len(rows) == 8
+    for row in rows:
+        a, b = weights(dist, row["reference"]), weights(dist, row["variant"])
+        names = [k for k in a if k != "lm_head.weight"]  # tied to the embedding: counted once
+        diff = max((a[k].double() - b[k].double()).abs().max().item() for k in names)
+        rel = math.sqrt(sum(((a[k].double() - b[k].double()) ** 2).sum().item() for k in names)
+                        / sum((a[k].double() ** 2).sum().item() for k in names))
+        assert float(row["max_abs_dweight"]) == pytest.approx(diff, rel=1e-6, abs=0), row["variant"]  # fp32 vs fp64
+        assert float(row["rel_l2_dweight"]) == pytest.approx(rel, rel=1e-6, abs=0), row["variant"]
+        assert int(row["tensors_differing"]) == len(differences({k: a[k] for k in names}, {k: b[k] for k in names}))
+        log = {int(r["step"]): float(r["train_loss"]) for r in csv.DictReader(open(dist / f"{row['variant']}_log.csv"))}
+        ref = {int(r["step"]): float(r["train_loss"]) for r in csv.DictReader(open(dist / f"{row['reference']}_log.csv"))}
+        assert float(row["max_abs_loss_gap"]) == pytest.approx(max(abs(log[s] - ref[s]) for s in log), abs=1e-12)
+        assert int(row["first_step"]) == min(log)
+
+
+def test_world_size_1_through_every_switch_that_is_off_equals_the_plain_run(pipeline, tmp_path):
+    """Catches: new code on the single-process path (a process group, a wrapper, a scaled loss) that
+    changes the default run's bits."""
+    cfg = yaml.safe_load((pipeline / "settings" / "straight.yaml").read_text())
+    cfg["parallel"] = {"world_size": 1, "strategy": "fsdp2", "backend": "gloo", "batch_slices": 1}
+    cfg["checkpoint"] = {"async": True}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    proc = run_script("run.py", "--config", tmp_path / "c.yaml", "--tokens", pipeline / "data" / "train.npy",
+                      "--out", tmp_path / "s.pth")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert_same_state_dict(torch.load(tmp_path / "s.pth", weights_only=True),
+                           torch.load(pipeline / "straight.pth", weights_only=True))
+
+
+# --- refusals -------------------------------------------------------------------------------------
+
+
+def resume_on_one_rank(pipeline, resume, out, *extra):
+    """Continue RESUME in one plain process with the dist one_rank layout (the 2 -> 1 path)."""
+    return run_script("run.py", "--config", pipeline / "settings" / "dist_one_rank.yaml",
+                      "--tokens", pipeline / "data" / "train.npy", "--resume", resume, "--out", out, *extra)
+
+
+def assert_refused(proc, out: Path, *words):
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    for w in words:
+        assert w in lines[0], lines[0]
+    assert not out.exists()
+
+
+def test_another_world_size_needs_reshard(build, pipeline, tmp_path):
+    """Catches: a resume made on 2 ranks continued on 1 without a word (the fingerprint's world size unchecked)."""
+    dist = build("ddp/resume.pth")
+    out = tmp_path / "o.pth"
+    assert_refused(resume_on_one_rank(pipeline, dist / "ddp" / "resume.pth", out), out, "world_size 2", "--reshard")
+
+
+def other_run_metadata(tmp_path) -> bytes:
+    """The .metadata of a DCP checkpoint of another state (what a copied-in file from another run holds)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"model": {"w": torch.zeros(3)}}, checkpoint_id=str(tmp_path / "other"), no_dist=True)
+    return (tmp_path / "other" / ".metadata").read_bytes()
+
+
+@pytest.mark.parametrize("damage, words", [
+    ("missing shard", ("__1_0.distcp", "missing")),
+    ("truncated shard", ("__0_0.distcp", "sha256")),
+    ("metadata from another run", (".metadata", "sha256")),
+])
+def test_a_damaged_resume_directory_is_refused_whole(build, pipeline, tmp_path, damage, words):
+    """Catches: shards loaded without checking that every file is there and unchanged."""
+    dist = build("fsdp2/resume.dcp")
+    d = shutil.copytree(dist / "fsdp2" / "resume.dcp", tmp_path / "resume.dcp")
+    if damage == "missing shard":
+        (d / "__1_0.distcp").unlink()
+    elif damage == "truncated shard":
+        data = (d / "__0_0.distcp").read_bytes()
+        (d / "__0_0.distcp").write_bytes(data[: len(data) // 2])
+    else:
+        (d / ".metadata").write_bytes(other_run_metadata(tmp_path))
+    out = tmp_path / "o.pth"
+    assert_refused(resume_on_one_rank(pipeline, d, out, "--reshard"), out, *words)
+
+
+class _Marker:
+    """Unpickling this writes a file: what a crafted .metadata could do instead."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+def test_a_metadata_pickle_that_runs_code_is_refused(build, pipeline, tmp_path):
+    """Catches: DCP's own pickle.load of .metadata (it runs the file's code), even when the attacker also
+    rewrote the manifest so that every sha256 matches."""
+    from mmkit.checkpoint import digest
+
+    dist = build("fsdp2/resume.dcp")
+    marker = tmp_path / "marker"
+    evil = pickle.dumps(_Marker(marker))
+    d = shutil.copytree(dist / "fsdp2" / "resume.dcp", tmp_path / "resume.dcp")
+    (d / ".metadata").write_bytes(evil)
+    meta = torch.load(d / "resume.pth", weights_only=True)
+    meta["manifest"][".metadata"] = __import__("hashlib").sha256(evil).hexdigest()
+    meta["digests"]["manifest"] = digest(meta["manifest"])
+    torch.save(meta, d / "resume.pth")
+
+    out = tmp_path / "o.pth"
+    assert_refused(resume_on_one_rank(pipeline, d, out, "--reshard"), out, ".metadata", "refusing")
+    assert not marker.exists()
+    # the threat is real: torch's own reader runs it
+    from torch.distributed.checkpoint import FileSystemReader
+
+    with pytest.raises(AttributeError):  # after running the payload it finds no Metadata object
+        FileSystemReader(str(d)).read_metadata()
+    assert marker.exists()
+
+
+# --- kills ----------------------------------------------------------------------------------------
+
+
+def test_a_rank_killed_in_the_middle_of_a_ddp_save_fails_the_job_and_a_rerun_gives_the_same_bits(build, pipeline):
+    """Catches: a resume file half-written under its final name, a torchrun exit of 0 after a dead rank,
+    and a rerun that does not reproduce the run."""
+    build("ddp/resume.pth")
+    work, target = pipeline.parent, "results/dist/ddp/resume.pth"
+    before = torch.load(work / target, weights_only=True)
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", target, "--forcerun", "dist_ddp_resume",
+                           "--configfile", "config.yaml", "tiny.yaml"], cwd=work, capture_output=True, text=True,
+                          env={**clean_env(), "MMKIT_FAILPOINT": "save:0"})
+    assert proc.returncode != 0 and "dist_ddp_resume" in proc.stdout + proc.stderr
+    assert not (work / target).exists()  # a failed job's output is not taken as finished
+    snakemake(work, target)
+    assert_same_state_dict(torch.load(work / target, weights_only=True), before)
+
+
+def test_a_rank_killed_in_the_middle_of_a_dcp_save_leaves_the_previous_directory(build, pipeline, tmp_path):
+    """Catches: a resume directory renamed into place before every rank's shards are on disk, or the
+    previous directory removed before the new one is complete."""
+    dist = build("fsdp2/resume.dcp")
+    previous = shutil.copytree(dist / "fsdp2" / "resume.dcp", tmp_path / "resume.dcp")
+    listing = {f.name: f.read_bytes() for f in previous.iterdir()}
+    args = ("--config", pipeline / "settings" / "dist_fsdp2_stop.yaml", "--tokens", pipeline / "data" / "train.npy",
+            "--stop-at", "--out", previous)
+    proc = torchrun(*args, env={"MMKIT_FAILPOINT": "save:1"})
+    assert proc.returncode != 0
+    assert {f.name: f.read_bytes() for f in previous.iterdir()} == listing
+    out = tmp_path / "o.pth"
+    proc = resume_on_one_rank(pipeline, previous, out, "--reshard")  # still loadable, checked whole
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = torchrun(*args)  # the rerun commits over it, with the same shards
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not (tmp_path / "resume.dcp.tmp").exists()
+    # the same shards (.metadata holds a fresh save id, resume.pth its sha256)
+    assert {f.name: f.read_bytes() for f in previous.glob("*.distcp")} == \
+        {k: v for k, v in listing.items() if k.endswith(".distcp")}
+
+
+def test_a_rank_that_dies_mid_training_does_not_hang_the_others(pipeline, tmp_path):
+    """Catches: a job that waits forever in a collective for a rank that is gone (no timeout, no teardown)."""
+    t0 = time.monotonic()
+    proc = torchrun("--config", pipeline / "settings" / "dist_ddp.yaml", "--tokens", pipeline / "data" / "train.npy",
+                    "--out", tmp_path / "o.pth", env={"MMKIT_FAILPOINT": "step2:1"}, timeout=150)
+    assert proc.returncode != 0
+    assert not (tmp_path / "o.pth").exists()
+    assert f"exitcode: {-signal.SIGKILL}" in proc.stderr, proc.stderr[-2000:]
+    print(f"torchrun ended {time.monotonic() - t0:.1f} s after launch, rank 1 killed at step 2")

@@ -1,0 +1,226 @@
+"""The resume state of a sharded (FSDP2) run: a directory of DCP shards, committed whole, read back safely.
+
+No single process holds the full state, so each rank writes its shards with torch.distributed.checkpoint
+(DCP). The directory holds what resume_state lists, split in two:
+  the DCP files (.metadata, __<rank>_0.distcp)  the "model" and "optimizer" entries, sharded
+  resume.pth                                    every other entry, a manifest (sha256 of each DCP file)
+                                                and the digests; written by rank 0 last
+It is written under NAME.tmp and renamed only when every file and the directory are on disk, so a save
+killed at any moment never leaves a directory that looks complete. DCP reshards on load: the same
+directory continues on any number of ranks, or in one plain process.
+
+DCP in torch 2.13 unpickles .metadata with pickle.load, and the non-tensor values of a state dict with
+torch.load(weights_only=False): either could run code from a crafted file. Both go through the
+allow-lists below instead.
+"""
+
+import hashlib
+import io
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint.metadata import StorageMeta
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
+
+from .checkpoint import RESUME_KEYS, SEALED, check_format, digest, load_file
+from .errors import UserError
+from .failpoint import failpoint
+
+META = "resume.pth"
+SHARDED = ("model", "optimizer")  # the entries that live in the DCP files
+META_KEYS = tuple(k for k in RESUME_KEYS if k not in SHARDED) + ("manifest",)
+META_SEALED = tuple(k for k in SEALED if k not in SHARDED) + ("manifest",)
+
+
+def is_resume_dir(path) -> bool:
+    return Path(path).is_dir() or str(path).endswith(".dcp")
+
+
+# --- saving -----------------------------------------------------------------------------------
+
+
+class PendingSave:
+    """A resume directory being written; commit() makes it the real one (after an async save finishes)."""
+
+    def __init__(self, path, entries: dict, ranks, future=None):
+        self.path, self.entries, self.ranks, self.future = Path(path), entries, ranks, future
+
+    def commit(self) -> None:
+        if self.future is not None:
+            self.future.result()  # the background writes are done on this rank
+        failpoint("save")
+        self.ranks.barrier()  # ... and on every rank
+        if self.ranks.main:
+            _commit(_tmp(self.path), self.path, self.entries)
+        self.ranks.barrier()  # no rank goes on before the directory is committed
+
+
+def save_resume_dir(state: dict, path, ranks, async_save: bool = False) -> PendingSave:
+    """Write STATE (resume_state's dict, model and optimizer as this rank's shards) under PATH.tmp.
+
+    Returns a PendingSave: commit() it. With async_save the shards are written in the background, on a
+    process group of their own (ranks.save_group), and commit() first waits for them.
+    """
+    tmp = _tmp(path)
+    if ranks.main and tmp.exists():
+        shutil.rmtree(tmp)  # what a killed save left behind
+    ranks.barrier()
+    shards = {k: state[k] for k in SHARDED}
+    entries = {k: v for k, v in state.items() if k not in SHARDED}
+    if async_save:
+        future = dcp.async_save(shards, checkpoint_id=str(tmp), process_group=ranks.save_group())
+        return PendingSave(path, entries, ranks, future)
+    dcp.save(shards, checkpoint_id=str(tmp))
+    return PendingSave(path, entries, ranks)
+
+
+def _tmp(path) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + ".tmp")
+
+
+def _commit(tmp: Path, path: Path, entries: dict) -> None:
+    manifest = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
+    meta = {**entries, "manifest": manifest}
+    meta["digests"] = {k: digest(meta[k]) for k in META_SEALED}
+    with open(tmp / META, "wb") as f:
+        torch.save(meta, f)
+    for f in tmp.iterdir():
+        _fsync(f)
+    _fsync(tmp)
+    if path.exists():  # a directory cannot be renamed over another: the old one goes aside first
+        old = path.with_name(path.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(path, old)
+        os.rename(tmp, path)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, path)
+    _fsync(path.parent)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+
+def read_resume_dir(path) -> dict:
+    """resume.pth of a resume directory, with every DCP file the manifest lists present and unchanged."""
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError(f"resume directory {path} does not exist")
+    meta = load_file(path / META, "resume directory's")
+    if not isinstance(meta, dict) or any(k not in meta for k in META_KEYS):
+        missing = [k for k in META_KEYS if not isinstance(meta, dict) or k not in meta]
+        raise UserError(f"resume directory {path}: {META} lacks {', '.join(repr(k) for k in missing)}")
+    check_format(meta["fingerprint"], f"resume directory {path}")
+    manifest = meta["manifest"]
+    for name in sorted(manifest):
+        f = path / name
+        if not f.is_file():
+            raise UserError(f"resume directory {path}: shard file {name} is missing")
+        if _sha256(f) != manifest[name]:
+            raise UserError(f"resume directory {path}: {name} does not match the sha256 recorded when it was "
+                            "saved (truncated, damaged, or from another run)")
+    for k, d in meta["digests"].items():
+        if digest(meta[k]) != d:
+            raise UserError(f"resume directory {path}: entry '{k}' does not match its recorded sha256")
+    # unpickled here, through the allow-list, so that a refusal is one line before DCP's collectives start
+    # (inside dcp.load it would come back wrapped in every rank's traceback)
+    with open(path / ".metadata", "rb") as f:
+        try:
+            _MetadataUnpickler(f).load()
+        except UserError as e:
+            raise UserError(f"resume directory {path}: {e}") from None
+        except Exception as e:
+            raise UserError(f"resume directory {path}: its .metadata is not DCP metadata ({e})") from None
+    return meta
+
+
+def load_sharded(path, model, optimizer, load_optimizer: bool = True) -> None:
+    """Load the directory's model and optimizer entries into MODEL and OPTIMIZER, however they are sharded.
+
+    Works in a plain process too (no process group): that is the 2 -> 1 resharding path.
+    """
+    model_state, optimizer_state = get_state_dict(model, optimizer)  # the layout this run wants
+    state = {"model": model_state, "optimizer": optimizer_state} if load_optimizer else {"model": model_state}
+    try:
+        dcp.load(state, storage_reader=_SafeReader(str(path)), planner=_SafeLoadPlanner(),
+                 no_dist=not torch.distributed.is_initialized())
+    except UserError:
+        raise
+    except Exception as e:  # a shard that does not fit this model: DCP's CheckpointException lists every rank's
+        reason = str(e).strip().splitlines()
+        raise UserError(f"resume directory {path} does not fit this run: "
+                        f"{next((line.strip() for line in reversed(reason) if line.strip()), type(e).__name__)}") from None
+    if load_optimizer:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    else:
+        set_model_state_dict(model, state["model"])
+
+
+# .metadata's pickle may name only these: DCP's own metadata classes and the plain torch values inside them
+_METADATA_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": {"Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
+                                              "ChunkStorageMetadata", "TensorProperties", "MetadataIndex",
+                                              "StorageMeta", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"PosixPath", "PurePosixPath"},
+    "collections": {"OrderedDict"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if name in _METADATA_GLOBALS.get(module, ()) or (
+                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise UserError(f"its .metadata names {module}.{name}, which DCP metadata never holds; refusing to "
+                        "unpickle it (that could run code)")
+
+
+class _SafeReader(FileSystemReader):
+    def read_metadata(self, *args, **kwargs):
+        with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
+            try:
+                metadata = _MetadataUnpickler(f).load()
+            except UserError as e:
+                raise UserError(f"resume directory {self.path}: {e}") from None
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _SafeLoadPlanner(DefaultLoadPlanner):
+    """Non-tensor values (AdamW's lr, betas, ...) through torch.load(weights_only=True)."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        loaded = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            from torch.distributed.checkpoint._traverse import set_element
+
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
