@@ -74,12 +74,16 @@ def assert_same_state_dict(a, b):
 
 
 def copy_workflow(dest: Path) -> Path:
-    """The files a fresh clone has, without results or snakemake state."""
+    """The files a fresh clone has, without results or snakemake state (over whatever DEST holds)."""
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("Snakefile", "config.yaml", "environment.yml", "presets"):
         src = REPO / name
-        (shutil.copytree if src.is_dir() else shutil.copy2)(src, dest / name)
-    shutil.copytree(REPO / "workflow", dest / "workflow", ignore=shutil.ignore_patterns("__pycache__"))
+        if src.is_dir():
+            shutil.copytree(src, dest / name, dirs_exist_ok=True)
+        else:
+            shutil.copy2(src, dest / name)
+    shutil.copytree(REPO / "workflow", dest / "workflow", ignore=shutil.ignore_patterns("__pycache__"),
+                    dirs_exist_ok=True)
     return dest
 
 
@@ -126,6 +130,7 @@ def pipeline(tmp_path_factory) -> Path:
     if shared:
         work = tmp_path_factory.mktemp("workflow") / "copy"
         shutil.copytree(shared, work, symlinks=True)
+        copy_workflow(work)  # the code under test over it: a job a test asks snakemake for runs with that code
         return work / "results"
     work = copy_workflow(tmp_path_factory.mktemp("workflow"))
     (work / "tiny.yaml").write_text(yaml.safe_dump({**TINY, "outdir": "results"}))

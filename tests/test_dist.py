@@ -74,9 +74,10 @@ def test_promised_pairs_are_bit_identical(build, variant):
 
 
 def test_the_ablations_really_differ(dist, pipeline):
-    """Catches: rank0_gen or minimind_rescale silently doing the same as the plain resume (then the report's
-    claims about them would be about nothing), and a rescale computed with the wrong rule."""
-    for variant, ref in (("rank0_gen/resumed", "rank0_gen/straight"), ("minimind_rescale", "ddp/straight")):
+    """Catches: rank0_gen, minimind_rescale or a change of batch slices silently doing the same as the plain
+    resume (then the report's claims about them would be about nothing), and a rescale by the wrong rule."""
+    for variant, ref in (("rank0_gen/resumed", "rank0_gen/straight"), ("minimind_rescale", "ddp/straight"),
+                         ("reshard_2to1_one_slice", "ddp/straight")):
         assert not same_state_dict(weights(dist, variant), weights(dist, ref)), variant
     # MiniMind's rule: saved on 1 rank at stop_at, continued on 2 -> stop_at * 1 // 2, then the next step
     first = min(int(r["step"]) for r in csv.DictReader(open(dist / "minimind_rescale_log.csv")))
@@ -86,7 +87,7 @@ def test_the_ablations_really_differ(dist, pipeline):
 def test_divergence_csv_is_recomputed_from_the_files(dist):
     """Catches: a dist/divergence.csv (and so the report's table) that does not say what the files hold."""
     rows = list(csv.DictReader(open(dist / "divergence.csv")))
-    assert len(rows) == 8
+    assert len(rows) == 9
     for row in rows:
         a, b = weights(dist, row["reference"]), weights(dist, row["variant"])
         names = [k for k in a if k != "lm_head.weight"]  # tied to the embedding: counted once
@@ -152,7 +153,7 @@ def other_run_metadata(tmp_path) -> bytes:
     ("missing shard", ("__1_0.distcp", "missing")),
     ("truncated shard", ("__0_0.distcp", "sha256")),
     ("metadata from another run", (".metadata", "sha256")),
-])
+], ids=["missing-shard", "truncated-shard", "other-runs-metadata"])
 def test_a_damaged_resume_directory_is_refused_whole(build, pipeline, tmp_path, damage, words):
     """Catches: shards loaded without checking that every file is there and unchanged."""
     dist = build("fsdp2/resume.dcp")
@@ -253,3 +254,39 @@ def test_a_rank_that_dies_mid_training_does_not_hang_the_others(pipeline, tmp_pa
     assert not (tmp_path / "o.pth").exists()
     assert f"exitcode: {-signal.SIGKILL}" in proc.stderr, proc.stderr[-2000:]
     print(f"torchrun ended {time.monotonic() - t0:.1f} s after launch, rank 1 killed at step 2")
+
+
+def test_the_reports_section_on_ranks_reads_its_numbers_from_dist(dist, pipeline, tmp_path):
+    """Catches: a report table on several ranks whose numbers are typed, stale or from the wrong row."""
+    p = pipeline
+    proc = run_script("report.py", "--resume", p / "resume.pth", "--divergence", p / "divergence.csv",
+                      "--fp16", p / "fp16.json", "--bf16", p / "bf16.json", "--optim", p / "optim.json",
+                      "--straight-log", p / "straight_log.csv", "--resumed-log", p / "resumed_log.csv",
+                      "--plots", p / "plots" / "loss.png", p / "plots" / "loss_gap.png",
+                      "--timing", *sorted((p / "timing").glob("*.json")), "--dist", dist / "divergence.csv",
+                      "--out", tmp_path / "report.md", "--summary", tmp_path / "summary.md")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = (tmp_path / "report.md").read_text()
+    section = text[text.index("## 여러 프로세스"):]
+    cells = {line.split(" | ")[0].lstrip("| "): line.strip(" |").split(" | ")
+             for line in section.splitlines() if line.startswith("| ") and "---" not in line}
+    rows = list(csv.DictReader(open(dist / "divergence.csv")))
+    for row in rows:
+        variant, ref, first, max_abs, rel, differing, _ = cells[row["variant"]]
+        assert (ref, int(first), int(differing)) == (row["reference"], int(row["first_step"]),
+                                                     int(row["tensors_differing"]))
+        assert float(max_abs) == pytest.approx(float(row["max_abs_dweight"]), rel=5e-3, abs=0)  # 3 digits shown
+        assert float(rel) == pytest.approx(float(row["rel_l2_dweight"]), rel=5e-3, abs=0)
+
+
+def test_a_resume_file_cannot_feed_an_fsdp2_run(build, pipeline, tmp_path):
+    """Catches: whole tensors from a DDP file loaded into sharded parameters with no check (the one
+    layout change this code cannot reshard): one error line, nothing written."""
+    dist = build("ddp/resume.pth")
+    out = tmp_path / "o.pth"
+    proc = torchrun("--config", pipeline / "settings" / "dist_fsdp2.yaml", "--tokens", pipeline / "data" / "train.npy",
+                    "--resume", dist / "ddp" / "resume.pth", "--reshard", "--out", out)
+    assert proc.returncode != 0
+    errors = {line for line in proc.stderr.splitlines() if line.startswith("error:")}
+    assert len(errors) == 1 and "resume directory (.dcp)" in errors.pop(), proc.stderr[-2000:]
+    assert not out.exists()

@@ -96,6 +96,11 @@ def test_editing_the_training_code_reruns_the_training_rules(pipeline):
         ({"device": "tpu"}, "device"),
         ({"threads": 0}, "threads"),
         ({"batch_size": "eight"}, "batch_size"),
+        ({"parallel": {"world_size": 3, "strategy": "ddp", "backend": "auto", "batch_slices": None}}, "batch_size"),
+        ({"parallel": {"world_size": 2, "strategy": "ddp", "backend": "auto", "batch_slices": 3}}, "batch_slices"),
+        ({"parallel": {"world_size": 2, "strategy": "zero3", "backend": "auto", "batch_slices": None}}, "strategy"),
+        ({"parallel": {"world_size": 1, "strategy": "ddp", "backend": "nccl", "batch_slices": None}}, "backend"),
+        ({"parallel": {"world_size": 2, "strategy": "fsdp2", "backend": "auto", "batch_slices": None}}, "strategy"),
     ],
 )
 def test_bad_config_stops_before_any_job_naming_the_key(fresh, overlay, key):

@@ -68,12 +68,14 @@ READS = {
     "inference": ["model"],
     "divergence": ["model", "seq_len"],
 }
-# dist/: the rank layouts it compares, each laid over the config's parallel section. batch_slices stays 2
-# in all three, so the global batch is summed in the same order whether 1 or 2 ranks train it.
+# dist/: the rank layouts it compares, each laid over the config's parallel section. batch_slices is 2 in
+# the first three, so the global batch is summed in the same order whether 1 or 2 ranks train it;
+# one_slice takes the whole batch at once, the resharding that cannot be bit-exact.
 DIST_LAYOUTS = {
     "ddp": {"world_size": 2, "strategy": "ddp", "batch_slices": 2},
     "fsdp2": {"world_size": 2, "strategy": "fsdp2", "batch_slices": 2},
     "one_rank": {"world_size": 1, "strategy": "ddp", "batch_slices": 2},
+    "one_slice": {"world_size": 1, "strategy": "ddp", "batch_slices": 1},
 }
 for layout in DIST_LAYOUTS:
     READS[f"dist_{layout}"] = TRAINING
@@ -110,6 +112,7 @@ RESHARDS = {
     "reshard_1to2": ("one_rank", "ddp", "--reshard"),
     "minimind_rescale": ("one_rank", "ddp", "--reshard --minimind-rescale"),
     "fsdp2_to1": ("fsdp2", "one_rank", "--reshard"),
+    "reshard_2to1_one_slice": ("ddp", "one_slice", "--reshard"),
 }
 # each compared with the run it should equal: variant: reference
 DIST_PAIRS = {
@@ -121,6 +124,7 @@ DIST_PAIRS = {
     "reshard_1to2": "ddp/straight",
     "minimind_rescale": "ddp/straight",
     "fsdp2_to1": "fsdp2/straight",
+    "reshard_2to1_one_slice": "ddp/straight",
 }
 
 

@@ -213,8 +213,10 @@ def render_dist(rows: list[dict] | None, stop_at: int) -> str:
         f"- **FSDP2 대 DDP** (`fsdp2/straight`): {gap('fsdp2/straight')}. 기울기 클리핑의 노름을 FSDP2는 "
         "샤드별로 더하고 DDP는 온전한 텐서에서 구하므로 클리핑 계수의 마지막 비트가 다르다.",
         f"- **2 → 1 랭크** (`reshard_2to1`): {gap('reshard_2to1')}. **1 → 2 랭크** (`reshard_1to2`): "
-        f"{gap('reshard_1to2')}. 조각 수가 같으니 합의 순서도 같다. 조각 수가 바뀌면(예: 4랭크에 4조각) "
-        "all-reduce의 합 순서가 달라져 비트 일치는 깨진다: 마지막 비트 수준의 표류다.",
+        f"{gap('reshard_1to2')}. 조각 수가 같으니 합의 순서도 같다. 조각 수를 바꿔 1랭크가 전역 배치를 "
+        f"한 번에 학습하면(`reshard_2to1_one_slice`) 기울기의 합 순서가 달라져 비트 일치가 깨진다: "
+        f"{gap('reshard_2to1_one_slice')}, 학습 손실 차 최대 {g(r['reshard_2to1_one_slice']['max_abs_loss_gap'])} — "
+        "반올림 수준의 표류다. 더 큰 world(예: 4랭크에 4조각)도 all-reduce의 합 순서가 바뀌어 같은 종류의 표류를 낳는다.",
         f"- **DCP 리샤딩** (`fsdp2_to1`): 2랭크 FSDP2의 `resume.dcp`를 한 프로세스로 읽어 이어 학습했다. "
         f"{gap('fsdp2_to1')} — FSDP2 대 DDP와 같은 이유(클리핑 노름의 합 순서)다.",
         f"- **MiniMind의 스텝 재계산** (`minimind_rescale`): 1랭크에서 {stop_at} 스텝에 저장한 파일을 2랭크로 "
