@@ -169,6 +169,13 @@ def settings(name):
     return f"{OUT}/settings/{name}.yaml"
 
 
+def collapse_dist(rule_names):
+    """The dist/ rules as one entry: a table row should not list fifteen of them."""
+    dist = [n for n in rule_names if n.startswith("dist_")]
+    rest = [n for n in rule_names if not n.startswith("dist_")]
+    return rest + [f"dist_* ({len(dist)} rules)"] if dist else rest
+
+
 def settings_table():
     """Markdown: each group of settings, and the rules whose jobs read them."""
     users = {}
@@ -182,7 +189,7 @@ def settings_table():
             readers.setdefault(key, []).extend(users.get(name, []))
     groups = {}
     for key, rules_reading in readers.items():
-        groups.setdefault(tuple(rules_reading), []).append(key)
+        groups.setdefault(tuple(collapse_dist(rules_reading)), []).append(key)
     rows = [
         f"| {' '.join(f'`{k}`' for k in keys)} | {', '.join(rules_reading)} |"
         for rules_reading, keys in groups.items()
@@ -192,9 +199,9 @@ def settings_table():
     )
     rows.append("| `dist` | none: it only chooses whether `all` builds dist/ |")
     no_settings = [r.name for r in workflow.rules if not r.input.get("settings")]
-    no_settings = [
-        n for n in no_settings if n not in ("all", "settings", "settings_table")
-    ]
+    no_settings = collapse_dist(
+        [n for n in no_settings if n not in ("all", "settings", "settings_table")]
+    )
     rows.append(f"| (no setting) | {', '.join(no_settings)}: they read only files |")
     header = [
         "| settings | rules whose jobs read them (each reruns, and what follows from it) |",

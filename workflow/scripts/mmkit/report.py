@@ -211,7 +211,9 @@ def render_dist(rows: list[dict] | None, stop_at: int) -> str:
         f"- **FSDP2 재개** (`fsdp2/resumed`): 가중치와 AdamW 상태가 랭크마다 나뉘어 DCP 디렉터리 "
         f"`resume.dcp`에 저장된다(임시 이름으로 쓰고 fsync 후 이름 변경, 파일마다 sha256). {gap('fsdp2/resumed')}.",
         f"- **FSDP2 대 DDP** (`fsdp2/straight`): {gap('fsdp2/straight')}. 기울기 클리핑의 노름을 FSDP2는 "
-        "샤드별로 더하고 DDP는 온전한 텐서에서 구하므로 클리핑 계수의 마지막 비트가 다르다.",
+        "샤드별로 더하고 DDP는 온전한 텐서에서 구하므로 클리핑 계수의 마지막 비트가 다르다. 마지막 비트의 "
+        "차이는 AdamW가 기울기를 √(이동평균)으로 나누며 키우므로 스텝마다 커진다: 작은 차이도 비트 단위로 "
+        "같다는 보장은 아니다.",
         f"- **2 → 1 랭크** (`reshard_2to1`): {gap('reshard_2to1')}. **1 → 2 랭크** (`reshard_1to2`): "
         f"{gap('reshard_1to2')}. 조각 수가 같으니 합의 순서도 같다. 조각 수를 바꿔 1랭크가 전역 배치를 "
         f"한 번에 학습하면(`reshard_2to1_one_slice`) 기울기의 합 순서가 달라져 비트 일치가 깨진다: "
