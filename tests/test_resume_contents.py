@@ -260,7 +260,7 @@ def test_any_edit_of_a_resume_file_is_refused_in_one_line_or_harmless(tiny_run, 
     original = torch.load(tiny_run["resume"], weights_only=True)
     tmp = tmp_path_factory.mktemp("mutants")
 
-    @settings(max_examples=40, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=25, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     @given(st.data())
     def check(data):
