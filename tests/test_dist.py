@@ -290,3 +290,19 @@ def test_a_resume_file_cannot_feed_an_fsdp2_run(build, pipeline, tmp_path):
     errors = {line for line in proc.stderr.splitlines() if line.startswith("error:")}
     assert len(errors) == 1 and "resume directory (.dcp)" in errors.pop(), proc.stderr[-2000:]
     assert not out.exists()
+
+
+def test_every_dist_job_reads_exactly_the_keys_its_rule_declares(dist, pipeline):
+    """Catches: a dist/ job depending on a setting its rule does not declare (a change to it would not
+    rerun the job) or declaring one it never reads (a change would rerun it for nothing)."""
+    import re
+
+    from test_invalidation import declared_leaves
+
+    logs = sorted(dist.rglob("logs/*.log"))
+    assert len(logs) == 16  # 15 training jobs and the divergence
+    for log in logs:
+        found = re.search(r"^config keys read from (\S+): ?(.*)$", log.read_text(), re.M)
+        assert found, f"{log} does not name the keys its job read"
+        declared = declared_leaves(yaml.safe_load((pipeline.parent / found[1]).read_text()))
+        assert set(found[2].split()) == declared, log
