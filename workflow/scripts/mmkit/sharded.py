@@ -10,8 +10,8 @@ killed at any moment never leaves a directory that looks complete. DCP reshards 
 directory continues on any number of ranks, or in one plain process.
 
 DCP in torch 2.13 unpickles .metadata with pickle.load, and the non-tensor values of a state dict with
-torch.load(weights_only=False): either could run code from a crafted file. Both go through the
-allow-lists below instead.
+an unrestricted torch.load: either could run code from a crafted file. Both go through the allow-lists
+below instead (weights_only for the values).
 """
 
 import hashlib
