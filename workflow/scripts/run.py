@@ -66,8 +66,10 @@ def run(args, cfg, stop_at, device, ranks):
     last_step = cfg.steps if stop_at is None else stop_at
     first_step, skipped_steps = 1, 0
     if args.resume:
-        first_step, skipped_steps = resume(args, cfg, fp, ranks, model, optimizer, batch_generator,
-                                           lambda step: generator_at(cfg.seed, step, len(tokens), drawn, cfg.seq_len).get_state(),
+        def gen_state_at(step):  # the data position after STEP batches of this run
+            return generator_at(cfg.seed, step, len(tokens), drawn, cfg.seq_len).get_state()
+
+        first_step, skipped_steps = resume(args, cfg, fp, ranks, model, optimizer, batch_generator, gen_state_at,
                                            last_step)
 
     if not first_step <= last_step <= cfg.steps:
@@ -112,13 +114,13 @@ def resume(args, cfg, fp, ranks, model, optimizer, batch_generator, gen_state_at
     """Load a resume file or directory into this run, every entry checked first; returns (first step, skipped)."""
     from mmkit.sharded import is_resume_dir, load_sharded, read_resume_dir
 
-    sharded_file = is_resume_dir(args.resume)
-    if ranks.sharded and not sharded_file:
+    is_dir = is_resume_dir(args.resume)
+    if ranks.sharded and not is_dir:
         raise UserError(f"resume file {args.resume} holds whole tensors; an fsdp2 run continues from a resume "
                         "directory (.dcp), or continue this file under ddp or on one rank")
-    state = read_resume_dir(args.resume) if sharded_file else read_resume(args.resume)
+    state = read_resume_dir(args.resume) if is_dir else read_resume(args.resume)
     saved_ws = state["fingerprint"].get("world_size", 1)
-    source = f"resume {'directory' if sharded_file else 'file'} {args.resume}"
+    source = f"resume {'directory' if is_dir else 'file'} {args.resume}"
     check_fingerprint(state["fingerprint"], fp, source, args.allow_mismatch, args.reshard)
     step = state["step"]
     if args.minimind_rescale:
@@ -130,10 +132,10 @@ def resume(args, cfg, fp, ranks, model, optimizer, batch_generator, gen_state_at
     for entry in ignore:
         print(f"resume: ignoring entry '{entry}' of {args.resume}", file=sys.stderr)
     # a directory's model and optimizer are checked by the manifest's sha256 and DCP's shape-checked load
-    checked_elsewhere = ("model", "optimizer") if sharded_file else ()
+    checked_elsewhere = ("model", "optimizer") if is_dir else ()
     check_resume(state, args.resume, model=unwrap(model), optimizer=optimizer, last_step=last_step,
                  ignore=ignore + checked_elsewhere, expected_gen_state=gen_state_at)
-    if sharded_file:
+    if is_dir:
         load_sharded(args.resume, model, optimizer, load_optimizer=not args.no_optim)
     else:
         unwrap(model).load_state_dict(state["model"])
