@@ -67,7 +67,7 @@ def main():
                   f"{args.rounds} rounds", file=sys.stderr)
         for r in range(args.rounds + 1):  # round 0 warms up both
             for mode in ("sync", "async") if r % 2 == 0 else ("async", "sync"):
-                state = resume_state(*state_dicts(model, optimizer, ranks), 1, 0, gen, {"bench": True})
+                state = resume_state(*state_dicts(model, optimizer, ranks), 1, 0, gen, {"bench": True}, {}, [])
                 ranks.barrier()
                 t0 = time.perf_counter()
                 pending = save_resume_dir(state, path, ranks, async_save=mode == "async")

@@ -257,7 +257,7 @@ def resume_sized_state(dims: str) -> dict:
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     gen = torch.Generator().manual_seed(0)
-    return resume_state(model.state_dict(), optimizer.state_dict(), 1, 0, gen, {"format": 1, "note": "bench"})
+    return resume_state(model.state_dict(), optimizer.state_dict(), 1, 0, gen, {"format": 1, "note": "bench"}, {}, [])
 
 
 def dd_write(path: Path, mib: int) -> float:

@@ -106,7 +106,7 @@ BREAKAGES = [
     Breakage("ranks: another world size continued without --reshard", M + "checkpoint.py",
              "if layout and not (reshard or allow_mismatch):", "if False:",
              (DIST + "test_another_world_size_needs_reshard",)),
-    Breakage("dcp: the manifest's sha256 not compared", M + "sharded.py", "if _sha256(f) != manifest[name]:",
+    Breakage("dcp: the manifest's sha256 not compared", M + "sharded.py", "if sha256_file(f) != manifest[name]:",
              "if False:", (DIST + "test_a_damaged_resume_directory_is_refused_whole[truncated-shard]",)),
     Breakage("dcp: .metadata through pickle.load", M + "sharded.py", "metadata = _MetadataUnpickler(f).load()",
              "metadata = pickle.load(f)", (DIST + "test_a_metadata_pickle_that_runs_code_is_refused",)),

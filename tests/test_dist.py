@@ -104,14 +104,14 @@ def test_divergence_csv_is_recomputed_from_the_files(dist):
 
 
 def test_world_size_1_through_every_switch_that_is_off_equals_the_plain_run(pipeline, tmp_path):
-    """Catches: new code on the single-process path (a process group, a wrapper, a scaled loss) that
-    changes the default run's bits."""
+    """Catches: new code on the single-process path (a process group, a wrapper, a scaled loss, a
+    periodic checkpoint) that changes the default run's bits."""
     cfg = yaml.safe_load((pipeline / "settings" / "straight.yaml").read_text())
     cfg["parallel"] = {"world_size": 1, "strategy": "fsdp2", "backend": "gloo", "batch_slices": 1}
-    cfg["checkpoint"] = {"async": True}
+    cfg["checkpoint"] = {**cfg["checkpoint"], "async": True, "every": 1}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     proc = run_script("run.py", "--config", tmp_path / "c.yaml", "--tokens", pipeline / "data" / "train.npy",
-                      "--out", tmp_path / "s.pth")
+                      "--out", tmp_path / "s.pth", "--checkpoint-dir", tmp_path / "checkpoints")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert_same_state_dict(torch.load(tmp_path / "s.pth", weights_only=True),
                            torch.load(pipeline / "straight.pth", weights_only=True))

@@ -15,6 +15,8 @@ rule fp16:
         f"{OUT}/logs/fp16.log",
     conda:
         ENV
+    resources:
+        **ANALYSIS_RESOURCES,
     params:
         dtype="fp16",
     shell:
@@ -45,6 +47,8 @@ rule inference:
         f"{OUT}/logs/inference.log",
     conda:
         ENV
+    resources:
+        **ANALYSIS_RESOURCES,
     params:
         outdir=lambda w, output: os.path.dirname(output.config),
     shell:
@@ -63,6 +67,8 @@ rule optim:
         f"{OUT}/logs/optim.log",
     conda:
         ENV
+    resources:
+        **ANALYSIS_RESOURCES,
     shell:
         "python {input.script} --resume {input.resume} --json {output} 2> {log}"
 
@@ -96,6 +102,8 @@ rule divergence:
         f"{OUT}/logs/divergence.log",
     conda:
         ENV
+    resources:
+        **ANALYSIS_RESOURCES,
     params:
         variants=" ".join(
             f"--variant {v} {OUT}/{v}.pth {OUT}/{v}_log.csv" for v in VARIANTS
@@ -123,6 +131,8 @@ rule plots:
         f"{OUT}/logs/plots.log",
     conda:
         ENV
+    resources:
+        **ANALYSIS_RESOURCES,
     shell:
         "python {input.script} --logs {input.logs}"
         " --loss {output.loss} --gap {output.gap} 2> {log}"
@@ -151,6 +161,8 @@ rule report:
         f"{OUT}/logs/report.log",
     conda:
         ENV
+    resources:
+        **ANALYSIS_RESOURCES,
     params:
         dist=lambda w, input: f"--dist {input.dist}" if input.dist else "",
     shell:

@@ -15,6 +15,10 @@ rule bench:
     conda:
         ENV
     threads: 2
+    resources:
+        cpus_per_task=2,
+        mem_mb=4000,  # MiniMind2-small in this project's model and in transformers', side by side
+        runtime=60,
     shell:
         "python {input.script} --out-csv {output.csv} --out-md {output.md}"
         " --out-targets {output.targets} 2> {log}"

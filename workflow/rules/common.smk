@@ -32,14 +32,16 @@ if bool(config["data"]["train_tokens"]) != bool(config["data"]["val_tokens"]):
 
 def package(*modules):
     """The shared package's modules a job imports, declared as its inputs so that editing one reruns it."""
+    if "config" in modules:  # config imports the dataclasses of these two
+        modules += ("parallel", "autoresume")
     return [
         str(SCRIPTS / "mmkit" / f"{m}.py")
-        for m in ("__init__", "errors", "atomic") + modules
+        for m in dict.fromkeys(("__init__", "errors", "atomic") + modules)
     ]
 
 
 TRAINING_CODE = package(
-    "config", "model", "data", "train", "checkpoint", "parallel", "sharded", "failpoint"
+    "config", "model", "data", "train", "checkpoint", "sharded", "failpoint"
 )
 
 # What each rule's jobs read from the config. A job is handed only these keys, in its own settings file,
@@ -96,6 +98,13 @@ def settings_values(name):
     return values
 
 
+def checkpoint_dir(wildcards, output):
+    """A training job's own folder of periodic checkpoints, named after its first output. Not an output:
+    Snakemake deletes a failed job's outputs, and the folder must survive exactly then.
+    """
+    return f"{OUT}/checkpoints/{Path(output[0]).relative_to(OUT).with_suffix('')}"
+
+
 # the dist/ runs (workflow/rules/dist.smk)
 DIST = f"{OUT}/dist"
 DIST_IN_ALL = config["dist"] or config["parallel"]["world_size"] > 1
@@ -144,7 +153,8 @@ def dist_resume(run):
 # differs per rule goes into params, which are bound when the rule is defined)
 DIST_SHELL = (
     "{params.launch} {input.script} --config {input.settings} --tokens {input.tokens} {params.flags}"
-    " --out {output.weights} --loss-log {output.log} --timing {output.timing} 2> {log}"
+    " --out {output.weights} --loss-log {output.log} --timing {output.timing}"
+    " --checkpoint-dir {params.checkpoints} 2> {log}"
 )
 
 
@@ -208,3 +218,69 @@ def settings_table():
         "|---|---|",
     ]
     return "\n".join(header + rows) + "\n"
+
+
+# --- what each job asks a cluster for (profiles/slurm); a local run only counts threads --------------
+
+
+def model_parameters(m):
+    """MiniMind2's parameter count from its dims (embedding tied to lm_head; tests check it against the model)."""
+    h, heads, kv_heads = (
+        m["hidden_size"],
+        m["num_attention_heads"],
+        m["num_key_value_heads"],
+    )
+    kv = h // heads * kv_heads
+    inter = 64 * -(-int(h * 8 / 3) // 64)
+    layer = (
+        2 * h * h + 2 * h * kv + 3 * h * inter + 2 * h
+    )  # q, o; k, v; the MLP; two norms
+    return m["vocab_size"] * h + m["num_hidden_layers"] * layer + h
+
+
+def training_mem_mb(cfg):
+    """Peak memory of one training rank, in MB, with room to spare (measured: 625 MB at the defaults).
+
+    400 MB for Python and torch, 28 bytes per parameter (fp32 weights, gradients, AdamW's two moments,
+    and the resume file's copy while it is saved), and per token of the batch 4-byte activations:
+    about 40 per hidden unit per layer, and 4 per vocabulary entry (logits, softmax, their gradients).
+    """
+    m = cfg["model"]
+    tokens = cfg["batch_size"] * cfg["seq_len"]
+    activations = (
+        4
+        * tokens
+        * (40 * m["hidden_size"] * m["num_hidden_layers"] + 4 * m["vocab_size"])
+    )
+    total = 400 + (28 * model_parameters(m) + activations) / 2**20
+    return int(-(-total // 100) * 100)
+
+
+def training_runtime_min(cfg):
+    """Wall time limit in minutes: the step's 6 * parameters * tokens FLOPs at a pessimistic 2 GFLOP/s
+    per thread, twice over, plus 10 minutes for starting, evaluating and saving."""
+    flops = (
+        6
+        * model_parameters(cfg["model"])
+        * cfg["batch_size"]
+        * cfg["seq_len"]
+        * cfg["steps"]
+    )
+    return 10 + int(2 * flops / (2e9 * cfg["threads"]) / 60)
+
+
+def training_resources(world_size):
+    return {
+        "cpus_per_task": lambda wildcards, threads: threads,
+        "mem_mb": training_mem_mb(config) * world_size,
+        "runtime": training_runtime_min(config),
+    }
+
+
+TRAINING_RESOURCES = training_resources(config["parallel"]["world_size"])
+# evaluation, export, plots and text: one thread, the model once, a few minutes at most
+ANALYSIS_RESOURCES = {
+    "cpus_per_task": 1,
+    "mem_mb": training_mem_mb(config),
+    "runtime": 10,
+}

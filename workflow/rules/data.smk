@@ -52,6 +52,8 @@ rule tokenize:
         f"{OUT}/logs/tokenize.log",
     conda:
         ENV
+    resources:
+        **ANALYSIS_RESOURCES,
     shell:
         "python {input.script} --config {input.settings} --tokenizer {output.tokenizer}"
         " --train {output.train} --val {output.val} 2> {log}"

@@ -29,8 +29,11 @@ for run, (layout, flags) in DIST_RUNS.items():
             conda:
                 ENV
             threads: dist_threads(layout)
+            resources:
+                **training_resources(DIST_LAYOUTS[layout]["world_size"]),
             params:
                 launch=launch(DIST_LAYOUTS[layout]["world_size"]),
+                checkpoints=checkpoint_dir,
                 flags=flags,
             shell:
                 DIST_SHELL
@@ -54,8 +57,11 @@ for run, (layout, flags) in DIST_RUNS.items():
         conda:
             ENV
         threads: dist_threads(layout)
+        resources:
+            **training_resources(DIST_LAYOUTS[layout]["world_size"]),
         params:
             launch=launch(DIST_LAYOUTS[layout]["world_size"]),
+            checkpoints=checkpoint_dir,
             flags=f"{flags} --stop-at",
         shell:
             DIST_SHELL
@@ -80,8 +86,11 @@ for run, (layout, flags) in DIST_RUNS.items():
             conda:
                 ENV
             threads: dist_threads(layout)
+            resources:
+                **training_resources(DIST_LAYOUTS[layout]["world_size"]),
             params:
                 launch=launch(DIST_LAYOUTS[layout]["world_size"]),
+                checkpoints=checkpoint_dir,
                 flags=f"{flags} --resume {dist_resume(run)}",
             shell:
                 DIST_SHELL
@@ -107,8 +116,11 @@ for name, (source, layout, flags) in RESHARDS.items():
         conda:
             ENV
         threads: dist_threads(layout)
+        resources:
+            **training_resources(DIST_LAYOUTS[layout]["world_size"]),
         params:
             launch=launch(DIST_LAYOUTS[layout]["world_size"]),
+            checkpoints=checkpoint_dir,
             flags=f"{flags} --resume {dist_resume(source)}",
         shell:
             DIST_SHELL
@@ -135,6 +147,8 @@ rule dist_divergence:
         f"{DIST}/logs/divergence.log",
     conda:
         ENV
+    resources:
+        **ANALYSIS_RESOURCES,
     params:
         pairs=" ".join(
             f"--pair {v} {dist_file(v, '.pth')} {dist_file(v, '_log.csv')}"

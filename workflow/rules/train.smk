@@ -19,9 +19,14 @@ rule straight:
     conda:
         ENV
     threads: config["threads"] * config["parallel"]["world_size"]
+    resources:
+        **TRAINING_RESOURCES,
+    params:
+        checkpoints=checkpoint_dir,
     shell:
         f"{LAUNCH} {{input.script}} --config {{input.settings}} --tokens {{input.tokens}}"
-        " --out {output.weights} --loss-log {output.log} --timing {output.timing} 2> {log}"
+        " --out {output.weights} --loss-log {output.log} --timing {output.timing}"
+        " --checkpoint-dir {params.checkpoints} 2> {log}"
 
 
 rule resume:
@@ -39,9 +44,14 @@ rule resume:
     conda:
         ENV
     threads: config["threads"] * config["parallel"]["world_size"]
+    resources:
+        **TRAINING_RESOURCES,
+    params:
+        checkpoints=checkpoint_dir,
     shell:
         f"{LAUNCH} {{input.script}} --config {{input.settings}} --tokens {{input.tokens}} --stop-at"
-        " --out {output.resume} --loss-log {output.log} --timing {output.timing} 2> {log}"
+        " --out {output.resume} --loss-log {output.log} --timing {output.timing}"
+        " --checkpoint-dir {params.checkpoints} 2> {log}"
 
 
 rule resumed:
@@ -60,11 +70,15 @@ rule resumed:
     conda:
         ENV
     threads: config["threads"] * config["parallel"]["world_size"]
+    resources:
+        **TRAINING_RESOURCES,
     params:
         ablation="",
+        checkpoints=checkpoint_dir,
     shell:
         f"{LAUNCH} {{input.script}} --config {{input.settings}} --tokens {{input.tokens}} --resume {{input.resume}}"
-        " {params.ablation} --out {output.weights} --loss-log {output.log} --timing {output.timing} 2> {log}"
+        " {params.ablation} --out {output.weights} --loss-log {output.log} --timing {output.timing}"
+        " --checkpoint-dir {params.checkpoints} 2> {log}"
 
 
 # The ablations: resume with one piece of the resume file thrown away or damaged.
@@ -114,6 +128,8 @@ rule resume_fp16:
         f"{OUT}/logs/resume_fp16.log",
     conda:
         ENV
+    resources:
+        **ANALYSIS_RESOURCES,
     shell:
         "python {input.script} --resume {input.resume} --out {output} 2> {log}"
 

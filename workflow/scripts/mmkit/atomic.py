@@ -4,6 +4,7 @@ Free of torch, so jobs that only write text or pictures do not pay for importing
 """
 
 import ctypes
+import hashlib
 import os
 from pathlib import Path
 
@@ -32,12 +33,24 @@ def write_atomic(path, write) -> None:
         if failed is not None:
             raise UserError(f"could not write {path}: {failed.strerror or failed}; the previous file is untouched") from None
         raise
-    # the rename lives in the directory entry: without this it can be lost on power failure
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    fsync_path(path.parent)  # the rename lives in the directory entry: without this it can be lost on power failure
+
+
+def fsync_path(path) -> None:
+    """fsync a file or a directory by its name."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)
+
+
+def sha256_file(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 class _DurableWriter:

@@ -20,7 +20,7 @@ from .atomic import write_atomic
 from .errors import UserError
 from .failpoint import failpoint
 
-FORMAT_VERSION = 2  # 2: skipped_steps, digests and the weights' dtype in the fingerprint
+FORMAT_VERSION = 3  # 2: skipped_steps, digests, the weights' dtype; 3: origin and loss_log
 
 
 # --- committing files (mmkit.atomic does the committing) ---------------------------------------
@@ -102,7 +102,7 @@ def load_model(path, model: torch.nn.Module) -> torch.nn.Module:
 
 
 def resume_state(model_state: dict, optimizer_state: dict, step: int, skipped_steps: int,
-                 generator: torch.Generator, fingerprint: dict) -> dict:
+                 generator: torch.Generator, fingerprint: dict, origin: dict, loss_log: list) -> dict:
     """Everything step+1 depends on. Leave one out and the resumed run silently differs.
 
     One file (save_resume_file) at world size 1 and under DDP; under FSDP2 model and optimizer are
@@ -117,6 +117,10 @@ def resume_state(model_state: dict, optimizer_state: dict, step: int, skipped_st
         # (the rank0_gen ablation saves rank 0's and so forgets the others')
         "gen_state": generator.get_state(),
         "fingerprint": fingerprint,  # what must match for the continuation to be bit-exact
+        # which run this is a checkpoint of: the resume file it started from (sha256) and the ablations
+        # applied then. Two runs of one fingerprint can differ (resumed vs noopt): auto-resume checks it
+        "origin": origin,
+        "loss_log": loss_log,  # [(step, loss)] of the steps this run trained: a restart rewrites the same log
     }
 
 
@@ -124,8 +128,9 @@ def save_resume_file(state: dict, path) -> None:
     save_atomic(seal(state), path)
 
 
-RESUME_KEYS = ("model", "optimizer", "step", "skipped_steps", "gen_state", "fingerprint", "digests")
-SEALED = ("model", "optimizer", "step", "skipped_steps", "gen_state")
+RESUME_KEYS = ("model", "optimizer", "step", "skipped_steps", "gen_state", "fingerprint", "origin", "loss_log",
+               "digests")
+SEALED = ("model", "optimizer", "step", "skipped_steps", "gen_state", "origin", "loss_log")
 
 
 def seal(state: dict) -> dict:
@@ -165,7 +170,7 @@ def load_resume(path) -> dict:
     if missing:
         raise UserError(f"resume file {path} lacks {', '.join(repr(k) for k in missing)}")
     types = {"model": dict, "optimizer": dict, "step": int, "skipped_steps": int, "gen_state": torch.Tensor,
-             "fingerprint": dict, "digests": dict}
+             "fingerprint": dict, "origin": dict, "loss_log": list, "digests": dict}
     for k, kind in types.items():
         if not isinstance(state[k], kind) or (kind is int and isinstance(state[k], bool)):
             raise UserError(f"resume file {path}: entry '{k}' is of type {type(state[k]).__name__}, not {kind.__name__}")
@@ -251,9 +256,21 @@ def check_resume(state: dict, path, *, model, optimizer, expected_gen_state: Cal
         if not torch.equal(g, expected):
             refuse("gen_state", f"is not the data position after {step} batches of this run")
 
+    check_loss_log(state["loss_log"], step, refuse)
+
     for k in SEALED:
         if k not in ignore and digest(state[k]) != state["digests"].get(k):
             refuse(k, "does not match the sha256 recorded when the file was saved (edited or damaged)")
+
+
+def check_loss_log(rows: list, step: int, refuse) -> None:
+    """(step, loss) rows of consecutive steps ending at STEP (none: a file with no log of its own)."""
+    for i, row in enumerate(rows):
+        if not (isinstance(row, (tuple, list)) and len(row) == 2 and type(row[0]) is int
+                and isinstance(row[1], float)):
+            refuse("loss_log", f"row {i} is {row!r}, not (step, loss)")
+        if row[0] != step - len(rows) + 1 + i:
+            refuse("loss_log", f"row {i} is of step {row[0]}; the rows must be consecutive steps ending at {step}")
 
 
 def check_weights(state: dict, path, model, refuse) -> None:

@@ -15,6 +15,7 @@ import yaml
 
 from .errors import AT_SUCCESS, UserError
 from .model import ModelConfig
+from .autoresume import CheckpointConfig
 from .parallel import ParallelConfig
 
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
@@ -34,7 +35,7 @@ class RunConfig:
     nonfinite: str
     model: ModelConfig
     parallel: ParallelConfig
-    async_save: bool  # checkpoint.async
+    checkpoint: CheckpointConfig
 
 
 class Settings:
@@ -156,11 +157,14 @@ def model_config(cfg: Settings) -> ModelConfig:
 
 def run_config(cfg: Settings) -> RunConfig:
     """Every training key, read now, so a job missing one fails before its first step."""
-    fields = [f for f in RunConfig.__dataclass_fields__ if f not in ("model", "parallel", "async_save")]
+    fields = [f for f in RunConfig.__dataclass_fields__ if f not in ("model", "parallel", "checkpoint")]
     values = {k: getattr(cfg, k) for k in fields}
     model = model_config(cfg)
     parallel = ParallelConfig(**{k: getattr(cfg.parallel, k) for k in ParallelConfig.__dataclass_fields__})
-    return RunConfig(**values, model=model, parallel=parallel, async_save=getattr(cfg.checkpoint, "async"))
+    ck = cfg.checkpoint
+    checkpoint = CheckpointConfig(every=ck.every, keep=ck.keep, keep_when_done=ck.keep_when_done,
+                                  async_save=getattr(ck, "async"))
+    return RunConfig(**values, model=model, parallel=parallel, checkpoint=checkpoint)
 
 
 MODEL_KEYS = tuple(yaml.safe_load(SCHEMA.read_text())["properties"]["model"]["properties"])

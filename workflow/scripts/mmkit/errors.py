@@ -18,10 +18,20 @@ class NonFiniteError(UserError):
     exit_code = 3
 
 
+class Preempted(Exception):
+    """Not an error: a scheduler asked the job to stop, and it checkpointed. Its own exit status (75,
+    EX_TEMPFAIL: try again), so a retry or a requeue continues it."""
+
+    exit_code = 75
+
+
 def run_cli(main) -> None:
     """Run main(); turn a UserError into one line on stderr and exit status 2."""
     try:
         main()
+    except Preempted as e:
+        print(f"preempted: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)

@@ -1,8 +1,9 @@
-"""Fault injection for the tests: MMKIT_FAILPOINT=<name>:<rank> kills that rank with SIGKILL at that point.
+"""Fault injection for the tests: MMKIT_FAILPOINT=<name>:<rank>[:<signal>] sends that rank a signal at that point.
 
-A SIGKILL is what preemption and the OOM killer send: no handler runs, no file is closed. The tests
-use it to prove that a killed save leaves the previous state intact and that the other ranks do not
-hang. Unset (always, outside the tests), it costs one dictionary lookup.
+The signal is SIGKILL unless named (TERM, USR1). A SIGKILL is what preemption's last resort and the OOM
+killer send: no handler runs, no file is closed. The tests use it to prove that a killed save leaves the
+previous state intact and that the other ranks do not hang; a SIGTERM inside a save proves that the
+save still finishes whole. Unset (always, outside the tests), it costs one dictionary lookup.
 """
 
 import os
@@ -10,6 +11,10 @@ import signal
 
 
 def failpoint(name: str) -> None:
-    """Kill this process here if MMKIT_FAILPOINT names this point and this rank (torchrun's RANK, else 0)."""
-    if os.environ.get("MMKIT_FAILPOINT") == f"{name}:{os.environ.get('RANK', '0')}":
-        os.kill(os.getpid(), signal.SIGKILL)
+    """Signal this process here if MMKIT_FAILPOINT names this point and this rank (torchrun's RANK, else 0)."""
+    point = os.environ.get("MMKIT_FAILPOINT")
+    if point is None:
+        return
+    at, _, sig = point.partition(f"{name}:{os.environ.get('RANK', '0')}")
+    if at == "" and sig in ("", ":TERM", ":USR1"):
+        os.kill(os.getpid(), getattr(signal, f"SIG{sig[1:]}") if sig else signal.SIGKILL)

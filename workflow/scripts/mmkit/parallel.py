@@ -102,6 +102,14 @@ class Ranks:
         torch.distributed.all_reduce(t)
         return t.item()
 
+    def any(self, flag: bool) -> bool:
+        """Whether FLAG is true on any rank."""
+        if self.world_size == 1:
+            return flag
+        t = torch.tensor([int(flag)])
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return bool(t.item())
+
     def save_group(self):
         """A gloo group for background saves: on the default group DCP's collectives would meet the
         training's own (DDP's all-reduce, FSDP's reduce-scatter) in another order and deadlock."""

@@ -14,7 +14,6 @@ an unrestricted torch.load: either could run code from a crafted file. Both go t
 below instead (weights_only for the values).
 """
 
-import hashlib
 import io
 import os
 import pickle
@@ -27,6 +26,7 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
 
+from .atomic import fsync_path, sha256_file
 from .checkpoint import RESUME_KEYS, SEALED, check_format, digest, load_file
 from .errors import UserError
 from .failpoint import failpoint
@@ -85,14 +85,14 @@ def _tmp(path) -> Path:
 
 
 def _commit(tmp: Path, path: Path, entries: dict) -> None:
-    manifest = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
+    manifest = {f.name: sha256_file(f) for f in sorted(tmp.iterdir())}
     meta = {**entries, "manifest": manifest}
     meta["digests"] = {k: digest(meta[k]) for k in META_SEALED}
     with open(tmp / META, "wb") as f:
         torch.save(meta, f)
     for f in tmp.iterdir():
-        _fsync(f)
-    _fsync(tmp)
+        fsync_path(f)
+    fsync_path(tmp)
     if path.exists():  # a directory cannot be renamed over another: the old one goes aside first
         old = path.with_name(path.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
@@ -101,23 +101,7 @@ def _commit(tmp: Path, path: Path, entries: dict) -> None:
         shutil.rmtree(old)
     else:
         os.rename(tmp, path)
-    _fsync(path.parent)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    fsync_path(path.parent)
 
 
 # --- loading ----------------------------------------------------------------------------------
@@ -138,7 +122,7 @@ def read_resume_dir(path) -> dict:
         f = path / name
         if not f.is_file():
             raise UserError(f"resume directory {path}: shard file {name} is missing")
-        if _sha256(f) != manifest[name]:
+        if sha256_file(f) != manifest[name]:
             raise UserError(f"resume directory {path}: {name} does not match the sha256 recorded when it was "
                             "saved (truncated, damaged, or from another run)")
     for k, d in meta["digests"].items():

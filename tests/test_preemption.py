@@ -1,0 +1,257 @@
+"""Surviving preemption: periodic checkpoints, auto-resume, SIGTERM/SIGUSR1, and chaos.
+
+A training job is killed again and again, at random moments, in compute and inside saves, and started
+again with the same command each time; it must end with the very bits and loss log of a run that was
+never interrupted (and that wrote no periodic checkpoints at all). Every run is a separate process.
+"""
+
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import SCRIPTS, assert_same_state_dict, clean_env, run_script
+
+STEPS = 100
+EVERY = 3
+KILLS = 20  # per chaos test
+
+
+def chaos_config(pipeline, tmp_path, name="c.yaml", **checkpoint) -> Path:
+    cfg = yaml.safe_load((pipeline / "settings" / "straight.yaml").read_text())
+    cfg["steps"] = STEPS
+    cfg["checkpoint"] = {**cfg["checkpoint"], "every": EVERY, "keep": 2, **checkpoint}
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def train_cmd(config, pipeline, out: Path, checkpoints: Path | None):
+    cmd = [sys.executable, str(SCRIPTS / "run.py"), "--config", str(config), "--tokens",
+           str(pipeline / "data" / "train.npy"), "--out", str(out), "--loss-log", str(out.with_suffix(".csv"))]
+    return cmd + (["--checkpoint-dir", str(checkpoints)] if checkpoints else [])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(pipeline, tmp_path_factory):
+    """The reference: STEPS steps in one process, without a checkpoint folder (so no periodic saves)."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    out = tmp / "ref.pth"
+    proc = subprocess.run(train_cmd(chaos_config(pipeline, tmp), pipeline, out, None), capture_output=True,
+                          text=True, env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+def assert_same_as_uninterrupted(out: Path, ref: Path):
+    assert_same_state_dict(torch.load(out, weights_only=True), torch.load(ref, weights_only=True))
+    assert out.with_suffix(".csv").read_bytes() == ref.with_suffix(".csv").read_bytes()
+    assert len(out.with_suffix(".csv").read_text().splitlines()) == STEPS + 1
+
+
+def resumed_step(stderr: str) -> int:
+    found = re.search(r"continuing from checkpoint \S+ \(step (\d+)\)", stderr)
+    return int(found.group(1)) if found else 0
+
+
+def kill_at_step(cmd, step: int, sig, env=None) -> tuple[int, str]:
+    """Start CMD, send SIG as soon as it reports STEP done (so the next step is being computed)."""
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env or clean_env())
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if line.startswith(f"step {step:>4}/"):
+            proc.send_signal(sig)
+            break
+    lines += proc.stderr.readlines()
+    return proc.wait(), "".join(lines)
+
+
+def chaos(cmd, sig, rng) -> list[dict]:
+    """Kill the job KILLS times, every third kill inside a save, restarting it after each; then let it finish."""
+    kills, done = [], 0
+    for i in range(KILLS):
+        if i % 3 == 2:  # inside the first save this process makes: its bytes written, nothing renamed
+            signame = "" if sig == signal.SIGKILL else f":{sig.name.removeprefix('SIG')}"
+            proc = subprocess.run(cmd, capture_output=True, text=True,
+                                  env={**clean_env(), "MMKIT_FAILPOINT": f"save:0{signame}"})
+            code, err, where = proc.returncode, proc.stderr, "save"
+        else:  # in compute: any step from the one it resumes at to just past the next checkpoint
+            first = done + 1
+            # a signal noted during a save is acted on after the next step: stop early enough for that
+            target = rng.randint(first, min(STEPS - 3, first + EVERY))
+            code, err = kill_at_step(cmd, target, sig)
+            where = f"compute, step {target + 1}"
+        assert code != 0, f"kill {i} ({where}) came too late: the job finished\n{err[-1500:]}"
+        if sig != signal.SIGKILL:  # a noted signal: checkpoint after the step, then exit 75
+            assert code == 75 and "preempted: " in err, err[-1500:]
+        else:
+            assert code == -signal.SIGKILL, err[-1500:]
+        kills.append({"where": where, "resumed_from": resumed_step(err), "exit": code})
+        found = re.findall(r"checkpoint: \S+step_(\d+)", err)
+        done = max([done] + [int(s) for s in found])
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kills.append({"where": "finished", "resumed_from": resumed_step(proc.stderr), "exit": 0})
+    return kills
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_killed_again_and_again_it_ends_bit_identical_to_an_uninterrupted_run(pipeline, uninterrupted, tmp_path,
+                                                                               sig):
+    """Catches: a torn or half-committed checkpoint taken for whole, a resume from the wrong checkpoint, a
+    data position, AdamW state or loss log that a restart loses or repeats, a signal that kills mid-save."""
+    out, checkpoints = tmp_path / "job.pth", tmp_path / "checkpoints"
+    cmd = train_cmd(chaos_config(pipeline, tmp_path), pipeline, out, checkpoints)
+    kills = chaos(cmd, sig, random.Random(f"chaos-{sig.name}"))
+    in_save = sum(k["where"] == "save" for k in kills)
+    resumed = [k["resumed_from"] for k in kills]
+    print(f"\n{sig.name}: {len(kills) - 1} kills ({in_save} inside a save), each restart resumed from step "
+          f"{resumed}; final weights and log bit-identical")
+    assert len(kills) - 1 >= 20 and in_save >= 6
+    assert sum(r > 0 for r in resumed) >= 15, resumed  # the restarts really resumed, mostly mid-run
+    assert_same_as_uninterrupted(out, uninterrupted)
+    assert not checkpoints.exists()  # a finished job removes its folder (checkpoint.keep_when_done false)
+
+
+def test_sigusr1_then_a_second_signal_during_the_save_checkpoints_once_and_whole(pipeline, uninterrupted,
+                                                                                  tmp_path):
+    """Catches: a second signal that interrupts the save, a USR1 that is not handled like TERM."""
+    out, checkpoints = tmp_path / "job.pth", tmp_path / "checkpoints"
+    cmd = train_cmd(chaos_config(pipeline, tmp_path, every=0), pipeline, out, checkpoints)
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=clean_env())
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if line.startswith("step    5/"):
+            proc.send_signal(signal.SIGUSR1)
+        if line.startswith("preemption: SIGUSR1 received"):
+            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGUSR1)
+    assert proc.wait() == 75, "".join(lines)
+    saved = sorted(p.name for p in checkpoints.iterdir())
+    assert len(saved) == 1 and saved[0].endswith(".pth"), saved
+    state = torch.load(checkpoints / saved[0], weights_only=True)
+    assert state["step"] >= 6 and len(state["loss_log"]) == state["step"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_env())
+    assert proc.returncode == 0 and resumed_step(proc.stderr) == state["step"], proc.stderr[-1500:]
+    assert_same_as_uninterrupted(out, uninterrupted)
+
+
+def test_keep_leaves_the_newest_checkpoints_and_keep_when_done_keeps_the_folder(pipeline, tmp_path):
+    """Catches: pruning the newest instead of the oldest, pruning nothing, a folder removed against the config."""
+    checkpoints = tmp_path / "checkpoints"
+    cmd = train_cmd(chaos_config(pipeline, tmp_path, keep=3, keep_when_done=True), pipeline, tmp_path / "o.pth",
+                    checkpoints)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    last = (STEPS - 1) // EVERY * EVERY  # none after the last step: the weights file is written instead
+    expected = [f"step_{s:06d}.pth" for s in (last - 2 * EVERY, last - EVERY, last)]
+    assert sorted(p.name for p in checkpoints.iterdir()) == expected
+    assert [torch.load(checkpoints / n, weights_only=True)["step"] for n in expected] == \
+        [last - 2 * EVERY, last - EVERY, last]
+
+
+def checkpoints_of(pipeline, tmp_path, config, stop: int) -> Path:
+    """A folder holding the periodic checkpoints of CONFIG's run up to step STOP (killed there)."""
+    checkpoints = tmp_path / f"ck-{config.stem}"
+    code, err = kill_at_step(train_cmd(config, pipeline, tmp_path / f"{config.stem}.pth", checkpoints), stop,
+                             signal.SIGKILL)
+    assert code == -signal.SIGKILL and checkpoints.is_dir(), err[-1500:]
+    return checkpoints
+
+
+def test_a_torn_newest_checkpoint_is_skipped_by_name_and_the_older_one_used(pipeline, uninterrupted, tmp_path):
+    """Catches: a damaged checkpoint loaded (or crashing the job) instead of falling back to the older one."""
+    config = chaos_config(pipeline, tmp_path)
+    checkpoints = checkpoints_of(pipeline, tmp_path, config, 3 * EVERY + 1)
+    newest, older = sorted(checkpoints.iterdir(), reverse=True)[:2]
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    out = tmp_path / "job.pth"
+    proc = subprocess.run(train_cmd(config, pipeline, out, checkpoints), capture_output=True, text=True,
+                          env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: skipping checkpoint")]
+    assert len(warnings) == 1 and str(newest) in warnings[0] and "truncated" in warnings[0], warnings
+    assert resumed_step(proc.stderr) == int(older.stem.split("_")[1])
+    assert_same_as_uninterrupted(out, uninterrupted)
+
+
+def test_checkpoints_of_another_run_are_each_named_and_never_resumed(pipeline, uninterrupted, tmp_path):
+    """Catches: a checkpoint of other settings resumed silently (a changed lr continuing a stale run)."""
+    other = yaml.safe_load(chaos_config(pipeline, tmp_path).read_text())
+    other["lr"] *= 2
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    checkpoints = checkpoints_of(pipeline, tmp_path, tmp_path / "other.yaml", 2 * EVERY + 1)
+    foreign = sorted(checkpoints.iterdir())
+    assert len(foreign) == 2
+    out = tmp_path / "job.pth"
+    proc = subprocess.run(train_cmd(chaos_config(pipeline, tmp_path), pipeline, out, checkpoints),
+                          capture_output=True, text=True, env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: skipping checkpoint")]
+    assert len(warnings) == 2 and all("lr " in w for w in warnings), warnings
+    assert {str(p) for p in foreign} == {w.split()[3].rstrip(":") for w in warnings}
+    assert resumed_step(proc.stderr) == 0 and "step    1/" in proc.stderr
+    assert_same_as_uninterrupted(out, uninterrupted)
+
+
+def test_a_resumed_ablation_never_takes_the_checkpoints_of_another_ablation(pipeline, tmp_path):
+    """Catches: origin not compared, so noopt (same fingerprint as resumed) would continue resumed's run."""
+    config = pipeline / "settings" / "resumed.yaml"
+    common = ["--config", config, "--tokens", pipeline / "data" / "train.npy", "--resume", pipeline / "resume.pth"]
+    checkpoints = tmp_path / "checkpoints"
+    cfg = yaml.safe_load(config.read_text())
+    cfg["checkpoint"] = {**cfg["checkpoint"], "every": 1, "keep_when_done": True}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(cfg))
+    common[1] = tmp_path / "r.yaml"
+    assert run_script("run.py", *common, "--out", tmp_path / "r.pth", "--checkpoint-dir", checkpoints).returncode == 0
+    proc = run_script("run.py", *common, "--no-optim", "--out", tmp_path / "n.pth", "--loss-log", tmp_path / "n.csv",
+                      "--checkpoint-dir", checkpoints)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert "is of another run" in proc.stderr and resumed_step(proc.stderr) == 0
+    assert_same_state_dict(torch.load(tmp_path / "n.pth", weights_only=True),
+                           torch.load(pipeline / "noopt.pth", weights_only=True))
+    assert (tmp_path / "n.csv").read_bytes() == (pipeline / "noopt_log.csv").read_bytes()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MB filesystem of its own (tmpfs; needs root, as CI has)."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(where)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {proc.stderr.strip()}")
+    yield where
+    subprocess.run(["umount", str(where)], check=True)
+
+
+def test_a_full_disk_under_the_checkpoint_folder_is_one_error_and_the_last_checkpoint_stays(pipeline, tmp_path,
+                                                                                            small_disk):
+    """Catches: a failed checkpoint save that tracebacks, leaves a .tmp, or damages the previous checkpoint."""
+    probe = tmp_path / "probe.pth"
+    config = chaos_config(pipeline, tmp_path, keep=1)
+    checkpoints_of(pipeline, tmp_path, config, EVERY + 1)  # one checkpoint, to learn its size
+    size = next((tmp_path / f"ck-{config.stem}").iterdir()).stat().st_size
+    shutil.copy(next((tmp_path / f"ck-{config.stem}").iterdir()), probe)
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * (3 * 2**20 - int(1.5 * size)))  # room for one checkpoint, not two
+    checkpoints = small_disk / "checkpoints"
+    proc = subprocess.run(train_cmd(config, pipeline, tmp_path / "o.pth", checkpoints), capture_output=True,
+                          text=True, env=clean_env())
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "No space left on device" in errors[0], proc.stderr[-1500:]
+    assert "Traceback" not in proc.stderr
+    assert [p.name for p in checkpoints.iterdir()] == [f"step_{EVERY:06d}.pth"]  # no .tmp, the good one kept
+    assert_same_state_dict(torch.load(checkpoints / f"step_{EVERY:06d}.pth", weights_only=True),
+                           torch.load(probe, weights_only=True))
+    assert not (tmp_path / "o.pth").exists()

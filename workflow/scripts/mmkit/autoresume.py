@@ -1,0 +1,95 @@
+"""Surviving preemption: a job's own checkpoint folder, and the signals a scheduler sends before it kills.
+
+A training job writes a resume file every checkpoint.every steps into its folder (step_000040.pth, or
+step_000040.dcp under FSDP2), keeps the newest checkpoint.keep of them, and on start continues from the
+newest one that is of its own run. On SIGTERM or SIGUSR1 (what SLURM sends before it kills or requeues a
+job) it finishes the step it is in, checkpoints, and exits with status 75 (errors.Preempted), so a retry or a requeue
+picks it up. The folder is never an output Snakemake knows of: a failed job's outputs are deleted, the
+folder must survive exactly then.
+"""
+
+import re
+import shutil
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+NAME = re.compile(r"^step_(\d{6,})\.(pth|dcp)$")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 0  # steps between periodic checkpoints; 0 = only on a signal
+    keep: int = 2  # the newest this many stay
+    keep_when_done: bool = False  # a finished job removes its folder unless this is set
+    async_save: bool = False  # fsdp2: write the shards in the background (checkpoint.async)
+
+
+class CheckpointDir:
+    """One training job's folder of periodic resume files."""
+
+    def __init__(self, path, cfg: CheckpointConfig):
+        self.path, self.cfg = Path(path), cfg
+
+    def new_path(self, step: int, sharded: bool) -> Path:
+        """Where the checkpoint after STEP goes (the folder is made on first use)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        return self.path / f"step_{step:06d}.{'dcp' if sharded else 'pth'}"
+
+    def due(self, step: int, last_step: int) -> bool:
+        """A periodic checkpoint after STEP? Never after the last one: the job's own output follows."""
+        return self.cfg.every > 0 and step % self.cfg.every == 0 and step < last_step
+
+    def checkpoints(self) -> list[Path]:
+        """The committed checkpoints, newest first (a .tmp is a save that never finished)."""
+        if not self.path.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.path.iterdir() if (m := NAME.match(p.name))]
+        return [p for _, p in sorted(found, reverse=True)]
+
+    def clear_unfinished(self) -> None:
+        """Remove what a killed save left behind (step_*.tmp, step_*.old): never a checkpoint."""
+        if self.path.is_dir():
+            for p in self.path.iterdir():
+                if p.name.startswith("step_") and p.suffix in (".tmp", ".old"):
+                    remove(p)
+
+    def prune(self) -> None:
+        for p in self.checkpoints()[self.cfg.keep:]:
+            remove(p)
+
+    def finish(self) -> None:
+        """The job is done: its folder goes, unless checkpoint.keep_when_done."""
+        if not self.cfg.keep_when_done and self.path.is_dir():
+            shutil.rmtree(self.path)
+            print(f"checkpoints: removed {self.path} (the job is done)", file=sys.stderr)
+
+
+def remove(p: Path) -> None:
+    if p.is_dir():
+        shutil.rmtree(p)
+    else:
+        p.unlink(missing_ok=True)
+
+
+class Preemption:
+    """Notes a SIGTERM or SIGUSR1; the loop asks after each step. A second signal changes nothing, so a save
+    under way finishes (it is atomic anyway: a SIGKILL during it leaves the previous checkpoint)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self):
+        self.received = None
+        for s in self.SIGNALS:
+            signal.signal(s, self._note)
+
+    def _note(self, signum, frame):
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+            print(f"preemption: {self.received} received; checkpointing after this step", file=sys.stderr,
+                  flush=True)
+
+    def requested(self, ranks) -> bool:
+        """Whether any rank got a signal: all ranks stop after the same step."""
+        return ranks.any(self.received is not None)
