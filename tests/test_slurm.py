@@ -1,0 +1,153 @@
+"""On a real SLURM cluster: the whole DAG through profiles/slurm, preempted and requeued, bit-identical to a
+local build.
+
+The cluster is real (munged, slurmctld, slurmd), started by cluster/start.sh, which needs root on Debian;
+elsewhere these tests skip with the reason, and in CI a skip is a failure.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, TINY, clean_env, copy_workflow
+
+# long enough that a training job can be caught running; checkpoints every 10 steps
+SLURM_RUN = {**TINY, "steps": 200, "stop_at": 50, "outdir": "results",
+             "checkpoint": {"every": 10, "keep": 2, "keep_when_done": False, "async": False}}
+DAG_TIMEOUT_S = 900
+# wall-clock and per-job logs: never the same twice, on one machine or two
+NOT_COMPARED = ("logs/", "timing/", "checkpoints/")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if os.geteuid() != 0:
+        pytest.skip("the local SLURM cluster (cluster/start.sh) needs root")
+    if not (shutil.which("slurmctld") or shutil.which("apt-get")):
+        pytest.skip("no SLURM binaries and no apt-get to install them")
+    proc = subprocess.run([REPO / "cluster" / "start.sh"], capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        pytest.skip(f"the SLURM cluster did not start: {proc.stderr.strip().splitlines()[-1:]}")
+    yield
+    if "already up" not in proc.stderr:  # stop only what this session started
+        subprocess.run([REPO / "cluster" / "stop.sh"], capture_output=True, timeout=120)
+
+
+def workdir(path: Path) -> Path:
+    work = copy_workflow(path)
+    shutil.copytree(REPO / "profiles", work / "profiles", dirs_exist_ok=True)
+    (work / "slurm_run.yaml").write_text(yaml.safe_dump(SLURM_RUN))
+    return work
+
+
+def snakemake_cmd(*args):
+    return [sys.executable, "-m", "snakemake", *args, "--configfile", "config.yaml", "slurm_run.yaml"]
+
+
+def squeue(rule: str, states="all") -> list[tuple[str, str]]:
+    """(job id, state) of the SLURM jobs the executor submitted for RULE (it puts rule_<name> in the comment)."""
+    out = subprocess.run(["squeue", "-h", "-t", states, "-o", "%i %T %k"], capture_output=True, text=True,
+                         timeout=30).stdout
+    return [(i, s) for i, s, c in (line.split(maxsplit=2) for line in out.splitlines()) if c == f"rule_{rule}"]
+
+
+def artifacts(results: Path) -> dict:
+    return {str(p.relative_to(results)): p for p in sorted(results.rglob("*"))
+            if p.is_file() and not str(p.relative_to(results)).startswith(NOT_COMPARED)}
+
+
+def without_wall_time(path: Path) -> bytes:
+    """report.md names the jobs' wall times (학습 시간): the one line no two builds share."""
+    lines = path.read_bytes().splitlines(keepends=True)
+    return b"".join(line for line in lines if not line.startswith("학습 시간".encode()))
+
+
+def preempt_when_running(work: Path, rule: str, action) -> str | None:
+    """Once RULE's job has written its first checkpoint, apply ACTION (a command taking the job id)."""
+    if not any((work / "results" / "checkpoints" / rule).glob("step_*")):
+        return None
+    running = squeue(rule, "RUNNING")
+    if not running:
+        return None
+    job = running[0][0]
+    subprocess.run([*action, job], check=True, timeout=30)
+    return job
+
+
+def test_the_dag_on_slurm_survives_usr1_and_a_requeue_and_equals_a_local_build(cluster, tmp_path):
+    """Catches: a profile or rule that does not run on SLURM, a preempted job that does not checkpoint, a
+    retry or requeue that starts over wrongly or loses the checkpoint, any artifact that differs from a
+    local build."""
+    local = workdir(tmp_path / "local")
+    proc = subprocess.run(snakemake_cmd("--cores", "2"), cwd=local, capture_output=True, text=True, env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    work = workdir(tmp_path / "slurm")
+    t0 = time.monotonic()
+    dag = subprocess.Popen(snakemake_cmd("--workflow-profile", "profiles/slurm"), cwd=work, env=clean_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # straight: SLURM signals USR1 (as before a time limit): checkpoint, exit 75, and Snakemake's retry resumes
+    # resumed: the scheduler requeues it (as a preempting partition does): SIGTERM, and the same job runs again
+    plan = {"straight": ["scancel", "--signal=USR1"], "resumed": ["scontrol", "requeue"]}
+    preempted = {}
+    while dag.poll() is None and time.monotonic() - t0 < DAG_TIMEOUT_S:
+        for rule, action in plan.items():
+            if rule not in preempted:
+                job = preempt_when_running(work, rule, action)
+                if job:
+                    preempted[rule] = job
+        time.sleep(0.2)
+    if dag.poll() is None:
+        os.killpg(dag.pid, 9)
+        pytest.fail(f"the SLURM DAG did not finish in {DAG_TIMEOUT_S} s")
+    output = dag.stdout.read()
+    seconds = time.monotonic() - t0
+    assert dag.returncode == 0, output[-4000:]
+    assert preempted.keys() == plan.keys(), f"caught running: {preempted}\n{output[-2000:]}"
+
+    # the USR1'd job failed (exit 75) and a second job finished it; the requeued one ran twice under one id
+    submitted = re.findall(r"with SLURM jobid (\d+) \(log: \S+/rule_straight/", output)
+    states = dict(squeue("straight"))
+    assert [states[j] for j in submitted] == ["FAILED", "COMPLETED"], (submitted, states)
+    show = subprocess.run(["scontrol", "show", "job", preempted["resumed"]], capture_output=True, text=True).stdout
+    assert "Restarts=1" in show and "JobState=COMPLETED" in show, show
+    for rule in plan:
+        log = (work / "results" / "logs" / f"{rule}.log").read_text()
+        assert "resume: continuing from checkpoint" in log, log[-1500:]
+
+    ours, theirs = artifacts(work / "results"), artifacts(local / "results")
+    assert ours.keys() == theirs.keys()
+    differing = [name for name in ours if (without_wall_time if name == "report.md" else Path.read_bytes)(ours[name])
+                 != (without_wall_time if name == "report.md" else Path.read_bytes)(theirs[name])]
+    print(f"\nSLURM DAG: {seconds:.0f} s, {len(ours)} artifacts, {len(differing)} differ; USR1 to job "
+          f"{preempted['straight']} (straight), requeue of job {preempted['resumed']} (resumed)")
+    assert differing == []
+    assert not (work / "results" / "checkpoints").exists() or not any((work / "results" / "checkpoints").rglob("step_*"))
+
+
+def test_a_partition_that_does_not_exist_is_one_clear_error_not_a_hang(cluster, tmp_path):
+    """Catches: a bad site setting that leaves Snakemake waiting forever."""
+    work = workdir(tmp_path / "w")
+    proc = subprocess.run(snakemake_cmd("--workflow-profile", "profiles/slurm", "--set-resources",
+                                        "tokenize:slurm_partition=nosuchpartition", "--", "results/data/train.npy"),
+                          cwd=work, capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert proc.returncode != 0
+    assert "nosuchpartition" in proc.stderr + proc.stdout, (proc.stderr + proc.stdout)[-3000:]
+
+
+def test_the_cluster_scripts_are_idempotent_and_stop_only_what_they_started(cluster, tmp_path):
+    """Catches: a second start that restarts or duplicates daemons, a stop that ends other processes."""
+    state = Path(os.environ.get("MMKIT_SLURM_STATE", "/run/mmkit-slurm")) / "pids"
+    before = state.read_text() if state.exists() else ""
+    proc = subprocess.run([REPO / "cluster" / "start.sh"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "already up" in proc.stderr, proc.stderr
+    assert (state.read_text() if state.exists() else "") == before
+    for line in before.splitlines():
+        name, pid = line.split()
+        assert Path(f"/proc/{pid}/comm").read_text().strip() == name  # the recorded PIDs are those daemons
