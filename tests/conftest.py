@@ -33,6 +33,15 @@ TINY = {
 }
 
 
+# the tests that mostly wait (on SLURM's polling, on processes killed and restarted) go first, so that
+# under pytest-xdist (make test: -n 2 --dist loadfile) the other worker fills both cores meanwhile
+FIRST = ("test_slurm.py", "test_preemption.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: next((i for i, f in enumerate(FIRST) if item.path.name == f), len(FIRST)))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """In CI (CI=true) a skipped test fails: nothing may pass there by not running."""
@@ -71,6 +80,25 @@ def differences(a, b) -> list:
 def assert_same_state_dict(a, b):
     diffs = differences(a, b)
     assert not diffs, f"{len(diffs)} entries differ: {diffs[:5]}"
+
+
+def compare_builds(ours: Path, theirs: Path, not_compared=()) -> tuple[list, list]:
+    """Two results directories, file by file: (the names compared, the names whose bytes differ).
+
+    Files under NOT_COMPARED prefixes are left out; report.md without its line of wall times (학습 시간),
+    the one line no two builds share. Raises AssertionError if the two hold other files.
+    """
+    def files(root):
+        return {str(p.relative_to(root)): p for p in root.rglob("*")
+                if p.is_file() and not str(p.relative_to(root)).startswith(tuple(not_compared))}
+
+    def content(path):
+        lines = path.read_bytes().splitlines(keepends=True)
+        return b"".join(ln for ln in lines if not (path.name == "report.md" and ln.startswith("학습 시간".encode())))
+
+    a, b = files(ours), files(theirs)
+    assert sorted(a) == sorted(b), f"other files: {sorted(a.keys() ^ b.keys())}"
+    return sorted(a), [n for n in sorted(a) if content(a[n]) != content(b[n])]
 
 
 def copy_workflow(dest: Path) -> Path:

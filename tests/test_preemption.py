@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import SCRIPTS, assert_same_state_dict, clean_env, run_script
+from conftest import (SCRIPTS, TINY, assert_same_state_dict, clean_env, compare_builds, copy_workflow, run_script,
+                      snakemake)
 
 STEPS = 100
 EVERY = 3
@@ -255,3 +256,37 @@ def test_a_full_disk_under_the_checkpoint_folder_is_one_error_and_the_last_check
     assert_same_state_dict(torch.load(checkpoints / f"step_{EVERY:06d}.pth", weights_only=True),
                            torch.load(probe, weights_only=True))
     assert not (tmp_path / "o.pth").exists()
+
+
+SNAKEMAKE_KILLS = 10
+NOT_COMPARED = ("logs/", "timing/", "checkpoints/", "settings/")  # settings/: checkpoint.every differs on purpose
+
+
+def test_snakemake_killed_10_times_and_rerun_incomplete_ends_with_the_clean_build_artifacts(pipeline, tmp_path):
+    """Catches: an incomplete output taken as finished, a lock that blocks the restart, a training job that
+    resumes a checkpoint wrongly after its Snakemake died, any artifact that differs from a clean build."""
+    work = copy_workflow(tmp_path / "w")
+    checkpoint = {"every": 2, "keep": 2, "keep_when_done": False, "async": False}
+    (work / "tiny.yaml").write_text(yaml.safe_dump({**TINY, "outdir": "results", "checkpoint": checkpoint}))
+    rng = random.Random("snakemake-chaos")
+    kills = []
+    while len(kills) < SNAKEMAKE_KILLS:
+        snakemake(work, "--unlock")  # what a user types after a crash left the directory locked
+        dag = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", "--rerun-incomplete",
+                                "--configfile", "config.yaml", "tiny.yaml"], cwd=work, env=clean_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        delay = rng.uniform(2.0, 4.5)
+        try:
+            dag.wait(timeout=delay)
+            pytest.fail(f"the DAG finished after {len(kills)} kills; kill sooner")
+        except subprocess.TimeoutExpired:
+            os.killpg(dag.pid, signal.SIGKILL)  # Snakemake and every job it started, mid-whatever
+            dag.wait()
+            kills.append(round(delay, 1))
+    snakemake(work, "--unlock")
+    proc = snakemake(work, "--rerun-incomplete")
+    compared, differing = compare_builds(work / "results", pipeline, NOT_COMPARED)
+    print(f"\nsnakemake: {len(kills)} kills of the process group after {kills} s of each restart; "
+          f"{len(compared)} artifacts compared, {len(differing)} differ")
+    assert differing == [], proc.stderr[-2000:]
+
