@@ -21,7 +21,7 @@ results: $(BIN)/.runtime
 	$(RUN) snakemake --cores all
 
 test: $(BIN)/.test
-	$(RUN) python -m pytest -q -rs -n 2 --dist loadfile --durations=12 tests
+	$(RUN) python -m pytest -q -rs -n 2 --dist loadfile --no-loadscope-reorder --durations=12 tests
 
 # break the code on purpose, one named breakage at a time: each must make a test fail (a few minutes)
 mutants: $(BIN)/.test

@@ -286,6 +286,7 @@ def test_snakemake_killed_10_times_and_rerun_incomplete_ends_with_the_clean_buil
     snakemake(work, "--unlock")
     proc = snakemake(work, "--rerun-incomplete")
     compared, differing = compare_builds(work / "results", pipeline, NOT_COMPARED)
+    assert {"report.md", "resumed.pth", "noskip.pth", "inference/model.safetensors"} <= set(compared)
     print(f"\nsnakemake: {len(kills)} kills of the process group after {kills} s of each restart; "
           f"{len(compared)} artifacts compared, {len(differing)} differ")
     assert differing == [], proc.stderr[-2000:]

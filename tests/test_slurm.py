@@ -133,6 +133,7 @@ def test_the_dag_on_slurm_survives_usr1_and_a_requeue_and_equals_a_local_build(c
         assert "resume: continuing from checkpoint" in log, log[-1500:]
 
     compared, differing = compare_builds(work / "results", local / "results", NOT_COMPARED)
+    assert compared == compare_builds(local / "results", work / "results", NOT_COMPARED)[0]  # the same files
     print(f"\nSLURM DAG: {seconds:.0f} s, {len(compared)} artifacts, {len(differing)} differ; USR1 to job "
           f"{preempted['straight']} (straight), requeue of job {preempted['resumed']} (resumed)")
     assert differing == []

@@ -126,7 +126,7 @@ def run(args, cfg, stop_at, device, ranks):
         if preempted:
             if pending:
                 commit(pending)
-            raise Preempted(f"{preemption.received} after step {step} of {last_step}: "
+            raise Preempted(f"{preemption.received or 'a signal to another rank'} after step {step} of {last_step}: "
                             + (f"continue from {path}" if checkpoints else "no --checkpoint-dir, nothing saved"))
     seconds = time.perf_counter() - t0
     if pending:
