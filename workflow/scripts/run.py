@@ -123,9 +123,7 @@ def run(args, cfg, stop_at, device, ranks):
                 pending = None
             if ranks.main:
                 print(f"checkpoint: {path}", file=sys.stderr, flush=True)
-        if preempted:
-            if pending:
-                commit(pending)
+        if preempted:  # its checkpoint was saved in the foreground and is committed
             raise Preempted(f"{preemption.received or 'a signal to another rank'} after step {step} of {last_step}: "
                             + (f"continue from {path}" if checkpoints else "no --checkpoint-dir, nothing saved"))
     seconds = time.perf_counter() - t0
