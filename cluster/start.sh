@@ -28,7 +28,7 @@ if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! comm
 fi
 
 node_state() { timeout 5 sinfo -h -n "$NODE" -o %t 2>/dev/null | head -1 || true; }
-alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
+running() { [ -n "${2:-}" ] && [ "$(cat "/proc/$2/comm" 2>/dev/null)" = "$1" ]; }  # name pid
 
 up() { case "$(node_state)" in idle | mix | alloc) return 0 ;; *) return 1 ;; esac; }
 if up; then
@@ -42,7 +42,28 @@ fi
 
 mkdir -p "$STATE"
 touch "$STATE/pids"
+# keep only the daemons that still run: lines left by an earlier boot, or by a machine image taken while a
+# cluster was up, name processes that are gone (or PIDs now reused by others)
+while read -r name pid; do running "$name" "$pid" && echo "$name $pid"; done <"$STATE/pids" >"$STATE/pids.new" || true
+mv "$STATE/pids.new" "$STATE/pids"
 record() { echo "$1 $2" >>"$STATE/pids"; }  # name pid
+start_daemon() {  # name pidfile [command prefix...]
+    local name=$1 pidfile=$2 pid
+    shift 2
+    pid=$(cat "$pidfile" 2>/dev/null || true)
+    if running "$name" "$pid"; then return; fi
+    # a pid file left by a daemon of an earlier boot (/run may be on disk) names a dead or foreign process:
+    # remove it, so the PID recorded below is the one the new daemon writes
+    rm -f "$pidfile"
+    "$@" "/usr/sbin/$name"
+    for _ in $(seq 100); do
+        pid=$(cat "$pidfile" 2>/dev/null || true)
+        running "$name" "$pid" && break
+        sleep 0.1
+    done
+    running "$name" "$pid" || die "$name did not start (see /var/log/slurm/ or /var/log/munge/)"
+    record "$name" "$pid"
+}
 
 grep -q "[[:space:]]$NODE\b" /etc/hosts || echo "127.0.0.1 $NODE" >>/etc/hosts
 
@@ -50,8 +71,7 @@ grep -q "[[:space:]]$NODE\b" /etc/hosts || echo "127.0.0.1 $NODE" >>/etc/hosts
 [ -s /etc/munge/munge.key ] || mungekey --create
 install -d -o munge -g munge -m 0755 /run/munge
 if ! timeout 5 munge -n </dev/null 2>/dev/null | timeout 5 unmunge >/dev/null 2>&1; then
-    runuser -u munge -- /usr/sbin/munged
-    record munged "$(cat /run/munge/munged.pid)"
+    start_daemon munged /run/munge/munged.pid runuser -u munge --
 fi
 timeout 5 munge -n </dev/null | timeout 5 unmunge >/dev/null || die "munged does not answer"
 
@@ -104,16 +124,6 @@ NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$(field CPUs) Boards=$(field Boards) Sock
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 CONF
 
-start_daemon() {  # name pidfile
-    local pid
-    pid=$(cat "$2" 2>/dev/null || true)
-    if alive "$pid"; then return; fi
-    "/usr/sbin/$1"
-    for _ in $(seq 50); do [ -s "$2" ] && break; sleep 0.1; done
-    pid=$(cat "$2" 2>/dev/null || true)
-    alive "$pid" || die "$1 did not start (see /var/log/slurm/$1.log)"
-    record "$1" "$pid"
-}
 start_daemon slurmctld /run/slurm/slurmctld.pid
 start_daemon slurmd /run/slurm/slurmd.pid
 

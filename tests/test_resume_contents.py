@@ -166,7 +166,7 @@ def put(state, path, value):
 MUTATIONS = ["drop entry", "retype entry", "reshape tensor", "slice tensor", "change dtype", "insert nan/inf",
              "change step", "shuffle optimizer state", "empty optimizer state", "swap generator state",
              "drop model tensor", "change hyperparameter", "nudge a value", "resave unchanged"]
-EXAMPLES = 25  # random edits tried: each one a resume attempt in a new process (about 3 s)
+EXAMPLES = 15  # random edits tried: each one a resume attempt in a new process (about 3 s)
 OUTCOMES = collections.Counter()
 
 
