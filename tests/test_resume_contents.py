@@ -290,7 +290,8 @@ def test_any_edit_of_a_resume_file_is_refused_in_one_line_or_harmless(tiny_run, 
 # --- the fingerprint: every setting a bit-exact continuation depends on, each one checked -------------
 
 FINGERPRINT = {"format", "torch", "threads", "device", "precision", "weights_dtype", "nonfinite", "seed", "steps",
-               "batch_size", "seq_len", "lr", "train_tokens_sha256", "model.hidden_size", "model.num_hidden_layers",
+               "batch_size", "seq_len", "lr", "accumulation_steps", "data_format", "train_data_sha256",
+               "model.arch", "model.dropout", "model.hidden_size", "model.num_hidden_layers",
                "model.num_attention_heads", "model.num_key_value_heads", "model.vocab_size",
                "model.max_position_embeddings", "model.rms_norm_eps", "model.rope_theta",
                "world_size", "strategy", "batch_slices", "rank_generators"}
@@ -317,7 +318,7 @@ def other_value(v):
     if isinstance(v, int):
         return v + 1
     if isinstance(v, float):
-        return v * 2
+        return v * 2 if v else 0.5
     return v + "-other"
 
 

@@ -73,8 +73,14 @@ rule optim:
         "python {input.script} --resume {input.resume} --json {output} 2> {log}"
 
 
-# every resumed variant, compared with the straight run (resumed is the control)
-VARIANTS = ["resumed", "noopt", "noskip", "nosched", "halfresume"]
+# every resumed variant, compared with the straight run (resumed is the control); the new paths' ablations
+# where their path is on: the epoch replayed (minimind format), the RNG (dropout), the GradScaler (fp16)
+VARIANTS = (
+    ["resumed", "noopt", "noskip", "nosched", "halfresume"]
+    + ["replay"] * (not WINDOWS)
+    + ["norng"] * (config["model"]["dropout"] > 0)
+    + ["noscaler"] * (config["precision"] == "fp16")
+)
 TRAINING_RUNS = ["straight", "resume"] + VARIANTS
 
 

@@ -1,3 +1,4 @@
+import math
 import os
 import sys
 from pathlib import Path
@@ -28,12 +29,24 @@ if bool(config["data"]["train_tokens"]) != bool(config["data"]["val_tokens"]):
     raise WorkflowError(
         "config keys 'data.train_tokens' and 'data.val_tokens': name both or neither"
     )
+# what a training job reads, by data.format: a token stream, or MiniMind's JSONL documents and tokenizer
+WINDOWS = config["data"]["format"] == "windows"
+TRAIN_DATA = (
+    {"tokens": TRAIN_TOKENS}
+    if WINDOWS
+    else {"jsonl": f"{OUT}/data/train.jsonl", "tokenizer": f"{OUT}/data/tokenizer.json"}
+)
+TRAIN_DATA_ARGS = (
+    "--tokens {input.tokens}"
+    if WINDOWS
+    else "--jsonl {input.jsonl} --tokenizer {input.tokenizer}"
+)
 
 
 def package(*modules):
     """The shared package's modules a job imports, declared as its inputs so that editing one reruns it."""
-    if "config" in modules:  # config imports the dataclasses of these two
-        modules += ("parallel", "autoresume")
+    if "config" in modules:  # config imports the dataclasses of these
+        modules += ("parallel", "autoresume", "model")
     return [
         str(SCRIPTS / "mmkit" / f"{m}.py")
         for m in dict.fromkeys(("__init__", "errors", "atomic") + modules)
@@ -53,6 +66,7 @@ TRAINING = [
     "seq_len",
     "lr",
     "steps",
+    "accumulation_steps",
     "threads",
     "device",
     "precision",
@@ -60,9 +74,11 @@ TRAINING = [
     "model",
     "parallel",
     "checkpoint",
+    "data.format",
+    "data.workers",
 ]
 READS = {
-    "tokenize": ["data.corpus", "data.val_fraction", "model.vocab_size"],
+    "tokenize": ["data.corpus", "data.val_fraction", "data.tokenizer", "model.vocab_size"],
     "straight": TRAINING,
     "resume": TRAINING + ["stop_at"],
     "resumed": TRAINING,  # with noopt, noskip, nosched, halfresume: the step comes from the resume file
@@ -82,6 +98,11 @@ DIST_LAYOUTS = {
 for layout in DIST_LAYOUTS:
     READS[f"dist_{layout}"] = TRAINING
     READS[f"dist_{layout}_stop"] = TRAINING + ["stop_at"]
+if not WINDOWS and config["dist"]:
+    raise WorkflowError(
+        "config key 'dist': the dist/ runs train on several ranks, which data.format minimind does not"
+        " (an epoch's short last batch cannot be cut into equal rank slices); set dist: false"
+    )
 if config["parallel"]["world_size"] > 1 and config["parallel"]["strategy"] == "fsdp2":
     raise WorkflowError(
         "config key 'parallel.strategy': fsdp2 writes a resume directory, which the main experiment's"
@@ -224,7 +245,7 @@ def settings_table():
 
 
 def model_parameters(m):
-    """MiniMind2's parameter count from its dims (embedding tied to lm_head). Checked by hand against the
+    """MiniMind's parameter count from its dims (embedding tied to lm_head). Checked by hand against the
     model's own count: 4,458,752 at the defaults, 25,829,888 for MiniMind2-small, 131,392 for the tests'.
     """
     h, heads, kv_heads = (
@@ -233,10 +254,11 @@ def model_parameters(m):
         m["num_key_value_heads"],
     )
     kv = h // heads * kv_heads
-    inter = 64 * -(-int(h * 8 / 3) // 64)
+    v3 = m["arch"] == "minimind3"  # a wider MLP, and a q and a k norm of head_dim
+    inter = 64 * math.ceil(h * math.pi / 64) if v3 else 64 * -(-int(h * 8 / 3) // 64)
     layer = (
-        2 * h * h + 2 * h * kv + 3 * h * inter + 2 * h
-    )  # q, o; k, v; the MLP; two norms
+        2 * h * h + 2 * h * kv + 3 * h * inter + 2 * h + v3 * 2 * (h // heads)
+    )  # q, o; k, v; the MLP; two norms; q_norm, k_norm
     return m["vocab_size"] * h + m["num_hidden_layers"] * layer + h
 
 

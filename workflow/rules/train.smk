@@ -9,7 +9,7 @@ rule straight:
         code=TRAINING_CODE,
         script=RUN,
         settings=settings("straight"),
-        tokens=TRAIN_TOKENS,
+        **TRAIN_DATA,
     output:
         weights=f"{OUT}/straight.pth",
         log=f"{OUT}/straight_log.csv",
@@ -24,7 +24,7 @@ rule straight:
     params:
         checkpoints=checkpoint_dir,
     shell:
-        f"{LAUNCH} {{input.script}} --config {{input.settings}} --tokens {{input.tokens}}"
+        f"{LAUNCH} {{input.script}} --config {{input.settings}} {TRAIN_DATA_ARGS}"
         " --out {output.weights} --loss-log {output.log} --timing {output.timing}"
         " --checkpoint-dir {params.checkpoints} 2> {log}"
 
@@ -34,7 +34,7 @@ rule resume:
         code=TRAINING_CODE,
         script=RUN,
         settings=settings("resume"),
-        tokens=TRAIN_TOKENS,
+        **TRAIN_DATA,
     output:
         resume=f"{OUT}/resume.pth",
         log=f"{OUT}/resume_log.csv",
@@ -49,7 +49,7 @@ rule resume:
     params:
         checkpoints=checkpoint_dir,
     shell:
-        f"{LAUNCH} {{input.script}} --config {{input.settings}} --tokens {{input.tokens}} --stop-at"
+        f"{LAUNCH} {{input.script}} --config {{input.settings}} {TRAIN_DATA_ARGS} --stop-at"
         " --out {output.resume} --loss-log {output.log} --timing {output.timing}"
         " --checkpoint-dir {params.checkpoints} 2> {log}"
 
@@ -59,7 +59,7 @@ rule resumed:
         code=TRAINING_CODE,
         script=RUN,
         settings=settings("resumed"),
-        tokens=TRAIN_TOKENS,
+        **TRAIN_DATA,
         resume=rules.resume.output.resume,
     output:
         weights=f"{OUT}/resumed.pth",
@@ -76,7 +76,7 @@ rule resumed:
         ablation="",
         checkpoints=checkpoint_dir,
     shell:
-        f"{LAUNCH} {{input.script}} --config {{input.settings}} --tokens {{input.tokens}} --resume {{input.resume}}"
+        f"{LAUNCH} {{input.script}} --config {{input.settings}} {TRAIN_DATA_ARGS} --resume {{input.resume}}"
         " {params.ablation} --out {output.weights} --loss-log {output.log} --timing {output.timing}"
         " --checkpoint-dir {params.checkpoints} 2> {log}"
 
@@ -139,7 +139,7 @@ use rule resumed as halfresume with:
         code=TRAINING_CODE,
         script=RUN,
         settings=settings("resumed"),
-        tokens=TRAIN_TOKENS,
+        **TRAIN_DATA,
         resume=rules.resume_fp16.output,
     output:
         weights=f"{OUT}/halfresume.pth",
@@ -149,3 +149,39 @@ use rule resumed as halfresume with:
         f"{OUT}/logs/halfresume.log",
     params:
         ablation="--allow-mismatch",  # its fingerprint says fp16 weights: resumed on purpose, not bit-exact
+
+
+# The new paths' ablations, built where their path is on (analysis.smk: VARIANTS)
+
+
+use rule resumed as replay with:
+    output:
+        weights=f"{OUT}/replay.pth",
+        log=f"{OUT}/replay_log.csv",
+        timing=f"{OUT}/timing/replay.json",
+    log:
+        f"{OUT}/logs/replay.log",
+    params:
+        ablation="--replay",  # minimind format: the epoch again from its first batch
+
+
+use rule resumed as norng with:
+    output:
+        weights=f"{OUT}/norng.pth",
+        log=f"{OUT}/norng_log.csv",
+        timing=f"{OUT}/timing/norng.json",
+    log:
+        f"{OUT}/logs/norng.log",
+    params:
+        ablation="--no-rng",  # dropout > 0: the masks drawn again from the fresh run's RNG
+
+
+use rule resumed as noscaler with:
+    output:
+        weights=f"{OUT}/noscaler.pth",
+        log=f"{OUT}/noscaler_log.csv",
+        timing=f"{OUT}/timing/noscaler.json",
+    log:
+        f"{OUT}/logs/noscaler.log",
+    params:
+        ablation="--no-scaler",  # fp16: a fresh GradScaler, its scale back at 65536

@@ -36,7 +36,8 @@ def main():
     env = {
         # the settings as the resume file recorded them, so the report reads no config of its own
         **{k: fingerprint[k] for k in ("seed", "batch_size", "seq_len", "lr", "steps", "precision", "model",
-                                       "torch", "device", "threads")},
+                                       "torch", "device", "threads", "accumulation_steps", "data_format")},
+        "scaler": resume["scaler"],
         "stop_at": resume["step"],
         "params": optim["model_numel"],
         "jobs": len(timing), "train_seconds": sum(timing.values()),

@@ -20,7 +20,8 @@ from .atomic import write_atomic
 from .errors import UserError
 from .failpoint import failpoint
 
-FORMAT_VERSION = 3  # 2: skipped_steps, digests, the weights' dtype; 3: origin and loss_log
+FORMAT_VERSION = 4  # 2: skipped_steps, digests, the weights' dtype; 3: origin and loss_log;
+# 4: data_position, rng_state, scaler
 
 
 # --- committing files (mmkit.atomic does the committing) ---------------------------------------
@@ -102,7 +103,8 @@ def load_model(path, model: torch.nn.Module) -> torch.nn.Module:
 
 
 def resume_state(model_state: dict, optimizer_state: dict, step: int, skipped_steps: int,
-                 generator: torch.Generator, fingerprint: dict, origin: dict, loss_log: list) -> dict:
+                 generator: torch.Generator, fingerprint: dict, origin: dict, loss_log: list,
+                 data_position: dict | None = None, rng_state: dict | None = None, scaler: dict | None = None) -> dict:
     """Everything step+1 depends on. Leave one out and the resumed run silently differs.
 
     One file (save_resume_file) at world size 1 and under DDP; under FSDP2 model and optimizer are
@@ -116,6 +118,12 @@ def resume_state(model_state: dict, optimizer_state: dict, step: int, skipped_st
         # the data position: which batch comes next. One generator for all ranks, so one state
         # (the rank0_gen ablation saves rank 0's and so forgets the others')
         "gen_state": generator.get_state(),
+        # the data position as a value: {epoch, batches of it read}. The minimind format's whole position
+        # (its epoch order is re-drawn from seed + epoch); with windows, epoch 0 and the batches drawn
+        "data_position": data_position if data_position is not None else {"epoch": 0, "batch": step},
+        # the global RNG (dropout's masks): {"cpu": state, "cuda": state or None}
+        "rng_state": rng_state if rng_state is not None else global_rng_state(),
+        "scaler": scaler,  # fp16's GradScaler: its loss scale and growth tracker (None without fp16)
         "fingerprint": fingerprint,  # what must match for the continuation to be bit-exact
         # which run this is a checkpoint of: the resume file it started from (sha256) and the ablations
         # applied then. Two runs of one fingerprint can differ (resumed vs noopt): auto-resume checks it
@@ -128,9 +136,21 @@ def save_resume_file(state: dict, path) -> None:
     save_atomic(seal(state), path)
 
 
-RESUME_KEYS = ("model", "optimizer", "step", "skipped_steps", "gen_state", "fingerprint", "origin", "loss_log",
-               "digests")
-SEALED = ("model", "optimizer", "step", "skipped_steps", "gen_state", "origin", "loss_log")
+RESUME_KEYS = ("model", "optimizer", "step", "skipped_steps", "gen_state", "data_position", "rng_state", "scaler",
+               "fingerprint", "origin", "loss_log", "digests")
+SEALED = ("model", "optimizer", "step", "skipped_steps", "gen_state", "data_position", "rng_state", "scaler",
+          "origin", "loss_log")
+
+
+def global_rng_state() -> dict:
+    return {"cpu": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None}
+
+
+def set_global_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["cpu"])
+    if state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def seal(state: dict) -> dict:
@@ -170,10 +190,12 @@ def load_resume(path) -> dict:
     if missing:
         raise UserError(f"resume file {path} lacks {', '.join(repr(k) for k in missing)}")
     types = {"model": dict, "optimizer": dict, "step": int, "skipped_steps": int, "gen_state": torch.Tensor,
+             "data_position": dict, "rng_state": dict, "scaler": (dict, type(None)),
              "fingerprint": dict, "origin": dict, "loss_log": list, "digests": dict}
     for k, kind in types.items():
         if not isinstance(state[k], kind) or (kind is int and isinstance(state[k], bool)):
-            raise UserError(f"resume file {path}: entry '{k}' is of type {type(state[k]).__name__}, not {kind.__name__}")
+            names = " or ".join(t.__name__ for t in (kind if isinstance(kind, tuple) else (kind,)))
+            raise UserError(f"resume file {path}: entry '{k}' is of type {type(state[k]).__name__}, not {names}")
     return state
 
 
@@ -227,7 +249,7 @@ def fingerprint_diff(saved: dict, current: dict, prefix: str = "") -> list[str]:
 
 
 def check_resume(state: dict, path, *, model, optimizer, expected_gen_state: Callable[[int], torch.Tensor],
-                 last_step: int, ignore: tuple = ()) -> None:
+                 expected_position: Callable[[int], dict], scaler, last_step: int, ignore: tuple = ()) -> None:
     """Every entry of a resume file checked against what this run built, before a single step runs.
 
     Each failure is one UserError naming the entry. Entries in IGNORE (an ablation's --no-optim,
@@ -255,12 +277,49 @@ def check_resume(state: dict, path, *, model, optimizer, expected_gen_state: Cal
                                 f"the batch generator's state is uint8 of shape {list(expected.shape)}")
         if not torch.equal(g, expected):
             refuse("gen_state", f"is not the data position after {step} batches of this run")
+    if "data_position" not in ignore and state["data_position"] != expected_position(step):
+        refuse("data_position", f"is {state['data_position']}; after step {step} this run reads from "
+                                f"{expected_position(step)}")
+    if "rng_state" not in ignore:
+        check_rng_state(state["rng_state"], refuse)
+    if "scaler" not in ignore:
+        check_scaler_state(state["scaler"], scaler, refuse)
 
     check_loss_log(state["loss_log"], step, refuse)
 
     for k in SEALED:
         if k not in ignore and digest(state[k]) != state["digests"].get(k):
             refuse(k, "does not match the sha256 recorded when the file was saved (edited or damaged)")
+
+
+def check_rng_state(saved: dict, refuse) -> None:
+    now = global_rng_state()
+    if set(saved) != set(now):
+        refuse("rng_state", f"has {sorted(saved)}, not {sorted(now)}")
+    for device, t in saved.items():
+        if now[device] is None and t is None:
+            continue
+        if not (isinstance(t, torch.Tensor) and now[device] is not None and t.dtype == torch.uint8
+                and t.shape == now[device].shape):
+            refuse("rng_state", f"'{device}' is not a {device} RNG state of this torch")
+
+
+def check_scaler_state(saved, scaler, refuse) -> None:
+    """None without fp16; with it, GradScaler's own keys, a finite positive scale."""
+    if scaler is None:
+        if saved is not None:
+            refuse("scaler", "holds a GradScaler's state, but this run has no fp16 loss scaling")
+        return
+    built = scaler.state_dict()
+    if not isinstance(saved, dict) or saved.keys() != built.keys():
+        refuse("scaler", f"is not a GradScaler's state ({sorted(built)})")
+    scale = saved["scale"]
+    if not (isinstance(scale, float) and math.isfinite(scale) and scale > 0):
+        refuse("scaler", f"has loss scale {scale!r}, not a finite positive number")
+    differing = [k for k in ("growth_factor", "backoff_factor", "growth_interval") if saved[k] != built[k]]
+    if differing:
+        refuse("scaler", "has other settings: " + ", ".join(f"{k} {saved[k]} in the file, {built[k]} now"
+                                                           for k in differing))
 
 
 def check_loss_log(rows: list, step: int, refuse) -> None:

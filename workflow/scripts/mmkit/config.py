@@ -29,10 +29,13 @@ class RunConfig:
     seq_len: int
     lr: float
     steps: int
+    accumulation_steps: int
     threads: int
     device: str
     precision: str
     nonfinite: str
+    data_format: str  # data.format: windows | minimind
+    workers: int  # data.workers: DataLoader processes (minimind format); the bits do not depend on it
     model: ModelConfig
     parallel: ParallelConfig
     checkpoint: CheckpointConfig
@@ -115,6 +118,13 @@ def check_config(cfg: dict, partial: bool = False) -> None:
         if "batch_size" in cfg and cfg["batch_size"] % slices:
             raise UserError(f"config key 'batch_size': {cfg['batch_size']} is not divisible into "
                             f"{slices} slices (parallel.batch_slices, or one per rank of parallel.world_size)")
+    data = cfg.get("data", {})
+    if data.get("format") == "minimind" and data.get("train_tokens"):
+        raise UserError("config key 'data.format': minimind reads the corpus as JSONL documents; "
+                        "data.train_tokens names a token stream (windows format): set it to null")
+    if data.get("format") == "minimind" and par.get("world_size", 1) > 1:
+        raise UserError("config key 'data.format': minimind runs on one rank here (an epoch's short last batch "
+                        "cannot be cut into equal rank slices); use parallel.world_size 1")
     if par.get("backend") == "nccl" and cfg.get("device") == "cpu":
         raise UserError("config key 'parallel.backend': nccl needs device cuda (or auto on a machine with CUDA)")
     m = cfg.get("model", {})
@@ -157,14 +167,15 @@ def model_config(cfg: Settings) -> ModelConfig:
 
 def run_config(cfg: Settings) -> RunConfig:
     """Every training key, read now, so a job missing one fails before its first step."""
-    fields = [f for f in RunConfig.__dataclass_fields__ if f not in ("model", "parallel", "checkpoint")]
-    values = {k: getattr(cfg, k) for k in fields}
+    nested = ("model", "parallel", "checkpoint", "data_format", "workers")
+    values = {k: getattr(cfg, k) for k in RunConfig.__dataclass_fields__ if k not in nested}
     model = model_config(cfg)
     parallel = ParallelConfig(**{k: getattr(cfg.parallel, k) for k in ParallelConfig.__dataclass_fields__})
     ck = cfg.checkpoint
     checkpoint = CheckpointConfig(every=ck.every, keep=ck.keep, keep_when_done=ck.keep_when_done,
                                   async_save=getattr(ck, "async"))
-    return RunConfig(**values, model=model, parallel=parallel, checkpoint=checkpoint)
+    return RunConfig(**values, data_format=cfg.data.format, workers=cfg.data.workers, model=model,
+                     parallel=parallel, checkpoint=checkpoint)
 
 
 MODEL_KEYS = tuple(yaml.safe_load(SCHEMA.read_text())["properties"]["model"]["properties"])

@@ -1,6 +1,16 @@
-"""Corpus -> byte-level BPE tokenizer -> uint16 token files -> random training windows."""
+"""Corpus -> byte-level BPE tokenizer -> the batches a training step reads, in one of two formats:
+
+  windows   random windows of a uint16 token stream, drawn by the run's own generator (its state is the
+            data position)
+  minimind  MiniMind's pretraining data (dataset/lm_dataset.py PretrainDataset at d65ef2c): one JSONL
+            document per sample, wrapped bos..eos and padded, read in an epoch permutation through a
+            DataLoader (the position is the epoch and the batches of it consumed)
+"""
 
 import json
+import math
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +19,7 @@ import torch
 from .errors import UserError
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # MiniMind's
+PAD, BOS, EOS = SPECIAL_TOKENS  # as MiniMind's tokenizer_config names them
 
 
 def read_corpus(corpus: str | None) -> list[str]:
@@ -25,19 +36,51 @@ def read_corpus(corpus: str | None) -> list[str]:
     if not path.is_file():
         raise UserError(f"data.corpus {corpus} does not exist")
     if path.suffix == ".jsonl":
-        docs = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                docs.append(json.loads(line)["text"])
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise UserError(f'data.corpus {corpus} line {n} is not {{"text": ...}}') from None
+        docs = [text for _, text in jsonl_texts(path, "data.corpus")]
     else:
         docs = [d for d in path.read_text(encoding="utf-8").split("\n\n") if d.strip()]
     if not docs:
         raise UserError(f"data.corpus {corpus} holds no text")
     return docs
+
+
+def jsonl_texts(path, what: str):
+    """(line number, text) of each non-blank line of a {"text": ...} JSONL, every line checked."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{what} {path} line {n} is not JSON ({e.msg})") from None
+            if not isinstance(record, dict) or "text" not in record:
+                raise UserError(f'{what} {path} line {n} has no "text" field')
+            if not isinstance(record["text"], str):
+                raise UserError(f'{what} {path} line {n}: "text" is a {type(record["text"]).__name__}, not a string')
+            out.append((n, record["text"]))
+    if not out:
+        raise UserError(f"{what} {path} holds no documents")
+    return out
+
+
+def load_tokenizer(path, vocab_size: int):
+    """An HF tokenizer.json that fits the model: MiniMind's special tokens present, every id < vocab_size."""
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except FileNotFoundError:
+        raise UserError(f"tokenizer {path} does not exist") from None
+    except Exception as e:
+        raise UserError(f"tokenizer {path} is not a tokenizer.json ({str(e).splitlines()[0][:120]})") from None
+    missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
+    if missing:
+        raise UserError(f"tokenizer {path} lacks MiniMind's special token(s) {', '.join(missing)}")
+    if tok.get_vocab_size() > vocab_size:
+        raise UserError(f"tokenizer {path} has {tok.get_vocab_size()} tokens, more than model.vocab_size {vocab_size}")
+    return tok
 
 
 def train_tokenizer(docs: list[str], vocab_size: int):
@@ -63,6 +106,18 @@ def encode_corpus(tok, docs: list[str]) -> np.ndarray:
         ids.extend(enc.ids)
         ids.append(eot)
     return np.asarray(ids, dtype=np.uint16)
+
+
+def documents_before(tok, docs: list[str], n_tokens: int) -> list[str]:
+    """The documents whose tokens (and end-of-text) lie wholly in the first N_TOKENS of encode_corpus:
+    the JSONL of the minimind format holds no text of the held-out tail."""
+    kept, end = [], 0
+    for doc, enc in zip(docs, tok.encode_batch(docs)):
+        end += len(enc.ids) + 1
+        if end > n_tokens:
+            break
+        kept.append(doc)
+    return kept
 
 
 def split_tokens(ids: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
@@ -111,3 +166,134 @@ def get_batch(tokens: np.ndarray, batch_size: int, seq_len: int, generator: torc
     x = torch.stack([torch.from_numpy(tokens[i : i + seq_len].astype(np.int64)) for i in ix.tolist()])
     y = torch.stack([torch.from_numpy(tokens[i + 1 : i + 1 + seq_len].astype(np.int64)) for i in ix.tolist()])
     return x, y
+
+
+# --- which micro-batches each optimizer step takes --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """MiniMind's loop: an optimizer step every `accumulation` micro-batches, counted within an epoch, and a
+    trailing step on what is left when an epoch ends mid-window. Micro-batches are numbered from 1 across
+    epochs; the LR of each one comes from its number and the run's total (MiniMind's epoch * iters + step).
+    batches_per_epoch is None for the windows format, which has no epochs.
+    """
+    accumulation: int
+    batches_per_epoch: int | None = None
+
+    def micro_batches(self, step: int) -> range:
+        a, m = self.accumulation, self.batches_per_epoch
+        if m is None:
+            return range((step - 1) * a + 1, step * a + 1)
+        epoch, window = divmod(step - 1, math.ceil(m / a))
+        return range(epoch * m + window * a + 1, epoch * m + min((window + 1) * a, m) + 1)
+
+    def consumed(self, step: int) -> int:
+        """Micro-batches read by the end of optimizer step STEP (0 before the first)."""
+        return self.micro_batches(step).stop - 1 if step > 0 else 0
+
+    def position(self, consumed: int) -> dict:
+        """The data position after CONSUMED micro-batches: the epoch, and the batches of it read."""
+        epoch, batch = divmod(consumed, self.batches_per_epoch) if self.batches_per_epoch else (0, consumed)
+        return {"epoch": epoch, "batch": batch}
+
+
+# --- the windows format ----------------------------------------------------------------------------
+
+
+class WindowBatches:
+    """Random windows, batch after batch, from the run's batch generator: its state is the position, which
+    is also counted (epoch 0, batches drawn) so that both formats report one."""
+
+    def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, generator: torch.Generator,
+                 position: dict):
+        self.tokens, self.batch_size, self.seq_len, self.generator = tokens, batch_size, seq_len, generator
+        self.position = dict(position)
+
+    def __iter__(self):
+        while True:
+            batch = get_batch(self.tokens, self.batch_size, self.seq_len, self.generator)
+            self.position = {"epoch": 0, "batch": self.position["batch"] + 1}
+            yield batch
+
+
+# --- the minimind format ---------------------------------------------------------------------------
+
+
+class PretrainDataset(torch.utils.data.Dataset):
+    """MiniMind's PretrainDataset on a JSONL: sample i is line i's text, tokenized without special tokens and
+    cut to max_length - 2, wrapped bos + tokens + eos, padded with pad to max_length; labels -100 on the
+    padding. Returns (ids[:-1], labels[1:]): the shift MiniMind's model makes inside, made here, so the
+    model reads seq_len = max_length - 1 tokens as in the windows format.
+
+    Every line is checked once when the dataset is built; a sample is tokenized only when a batch asks
+    for it (in a DataLoader worker, with workers > 0).
+    """
+
+    def __init__(self, jsonl, tokenizer_path, max_length: int, vocab_size: int):
+        self.jsonl, self.tokenizer_path, self.max_length = str(jsonl), str(tokenizer_path), max_length
+        tok = load_tokenizer(tokenizer_path, vocab_size)
+        self.pad, self.bos, self.eos = (tok.token_to_id(t) for t in (PAD, BOS, EOS))
+        self.texts = [text for _, text in jsonl_texts(jsonl, "training JSONL")]
+        self._tok = None  # loaded again in each worker, on first use
+
+    def __len__(self):
+        return len(self.texts)
+
+    def __getitem__(self, i):
+        if self._tok is None:
+            from tokenizers import Tokenizer
+
+            self._tok = Tokenizer.from_file(self.tokenizer_path)
+        ids = self._tok.encode(self.texts[i], add_special_tokens=False).ids[: self.max_length - 2]
+        ids = [self.bos] + ids + [self.eos]
+        ids = torch.tensor(ids + [self.pad] * (self.max_length - len(ids)), dtype=torch.long)
+        labels = ids.clone()
+        labels[ids == self.pad] = -100
+        return ids[:-1], labels[1:]
+
+
+def seed_worker(worker_id: int) -> None:
+    """A DataLoader worker's Python and NumPy RNGs from the torch seed the loader gave it (base seed from
+    the loader's own generator, + worker id): anything random in a worker is reproducible."""
+    import random
+
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+class EpochBatches:
+    """Batches of a dataset in MiniMind's order: epoch e is a permutation drawn from a generator seeded
+    seed + e (MiniMind's setup_seed(42 + epoch), without touching the global RNG); consecutive batch_size
+    indices make a batch, the last one of an epoch shorter. A DataLoader with `workers` processes reads them.
+
+    The position {epoch, batch} is all a resume needs: the batches before it are skipped by index, never
+    tokenized (MiniMind's SkipBatchSampler).
+    """
+
+    def __init__(self, dataset, batch_size: int, seed: int, workers: int, position: dict):
+        self.dataset, self.batch_size, self.seed, self.workers = dataset, batch_size, seed, workers
+        self.position = dict(position)
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return math.ceil(len(self.dataset) / self.batch_size)
+
+    def batches_of(self, epoch: int) -> list[list[int]]:
+        order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(self.seed + epoch))
+        return [order[i : i + self.batch_size].tolist() for i in range(0, len(order), self.batch_size)]
+
+    def __iter__(self):
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers are forked processes
+        while True:
+            epoch, skip = self.position["epoch"], self.position["batch"]
+            loader = torch.utils.data.DataLoader(
+                self.dataset, batch_sampler=self.batches_of(epoch)[skip:], num_workers=self.workers,
+                worker_init_fn=seed_worker,
+                # the loader draws its workers' base seed from this, not from the global RNG (dropout's)
+                generator=torch.Generator().manual_seed(self.seed + epoch))
+            for batch, (x, y) in enumerate(loader, skip + 1):
+                done = batch == self.batches_per_epoch
+                self.position = {"epoch": epoch + done, "batch": 0 if done else batch}
+                yield x, y

@@ -1,9 +1,10 @@
-"""Weights for inference, in the layout transformers' LlamaForCausalLM reads: no code of ours needed.
+"""Weights for inference, in the layout transformers reads (LlamaForCausalLM, Qwen3ForCausalLM): no code
+of ours needed.
 
 A directory with
   model.safetensors - every tensor in half precision; the tied lm_head is not stored (safetensors
                       refuses shared tensors) and transformers reties it from tie_word_embeddings
-  config.json       - the architecture as LlamaConfig names it
+  config.json       - the architecture as LlamaConfig (Qwen3Config) names it
 
 safetensors is imported only here, when the directory is written: nothing else in the workflow needs it.
 """
@@ -22,11 +23,18 @@ EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 
+# the transformers class that holds each architecture's weights unchanged: Qwen3 has MiniMind-3's per-head
+# q/k norms (before RoPE, over head_dim) and no attention bias here
+HF_CLASSES = {"minimind2": ("LlamaForCausalLM", "llama"), "minimind3": ("Qwen3ForCausalLM", "qwen3")}
+
+
 def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float16) -> dict:
-    """config.json for transformers.LlamaForCausalLM describing the model mmkit.model builds from CFG."""
+    """config.json for transformers (LlamaForCausalLM, or Qwen3ForCausalLM for minimind3) describing the
+    model mmkit.model builds from CFG."""
+    architecture, model_type = HF_CLASSES[cfg.arch]
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [architecture],
+        "model_type": model_type,
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
         "num_hidden_layers": cfg.num_hidden_layers,

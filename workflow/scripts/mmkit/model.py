@@ -1,7 +1,9 @@
-"""MiniMind2's decoder (LLaMA-compatible), in the order data flows through it.
+"""MiniMind's decoder, in the order data flows through it: MiniMind2 (LLaMA-compatible) or MiniMind-3.
 
-state_dict keys match MiniMind's and transformers' LlamaForCausalLM, so weights move
-between the three without renaming.
+MiniMind-3 (jingyaogong/minimind at d65ef2c, model/model_minimind.py) adds a per-head RMSNorm on queries
+and keys before RoPE, widens the MLP to 64 * ceil(hidden * pi / 64) and uses eps 1e-6. state_dict keys
+match MiniMind's and transformers' (LlamaForCausalLM for minimind2, Qwen3ForCausalLM for minimind3), so
+weights move between them without renaming.
 """
 
 import math
@@ -20,8 +22,13 @@ class ModelConfig:
     num_key_value_heads: int = 2
     vocab_size: int = 6400
     max_position_embeddings: int = 32768
-    rms_norm_eps: float = 1e-5
     rope_theta: float = 1e6
+    arch: str = "minimind2"  # minimind2 | minimind3
+    dropout: float = 0.0  # MiniMind's: after the embedding, in attention, after o_proj (training only)
+
+    @property
+    def rms_norm_eps(self) -> float:
+        return 1e-6 if self.arch == "minimind3" else 1e-5
 
     @property
     def head_dim(self) -> int:
@@ -29,11 +36,13 @@ class ModelConfig:
 
     @property
     def intermediate_size(self) -> int:
-        # MiniMind: 8/3 of hidden, rounded up to a multiple of 64
+        # MiniMind2: 8/3 of hidden, MiniMind-3: pi times hidden; rounded up to a multiple of 64
+        if self.arch == "minimind3":
+            return 64 * math.ceil(self.hidden_size * math.pi / 64)
         return 64 * math.ceil(int(self.hidden_size * 8 / 3) / 64)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "rms_norm_eps": self.rms_norm_eps}
 
 
 class RMSNorm(nn.Module):
@@ -61,29 +70,44 @@ def rotate_half(x):
     return torch.cat([-x2, x1], dim=-1)
 
 
+def dropout(x, p: float, training: bool):
+    # p = 0 is skipped, not called: the default model stays the exact graph it always was
+    return F.dropout(x, p) if p and training else x
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
+        self.dropout = cfg.dropout
         self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+        if cfg.arch == "minimind3":  # per-head norms of queries and keys, before RoPE
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin):
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         # grouped-query attention: each key/value head serves n_heads // n_kv query heads
         k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
         v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
+        if self.dropout and self.training:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return dropout(self.o_proj(y.transpose(1, 2).reshape(b, t, -1)), self.dropout, self.training)
 
 
 class MLP(nn.Module):
@@ -114,6 +138,7 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.dropout = cfg.dropout
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         cos, sin = rope_cos_sin(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
@@ -124,7 +149,7 @@ class Decoder(nn.Module):
     def forward(self, idx):
         t = idx.shape[1]
         cos, sin = self.rope_cos[:t], self.rope_sin[:t]
-        x = self.embed_tokens(idx)
+        x = dropout(self.embed_tokens(idx), self.dropout, self.training)
         for layer in self.layers:
             x = layer(x, cos, sin)
         return self.norm(x)

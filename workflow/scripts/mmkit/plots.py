@@ -13,6 +13,9 @@ STYLE = {
     "noskip": dict(color="tab:orange", lw=1.2, label="noskip (batch generator re-seeded)"),
     "nosched": dict(color="tab:purple", lw=1.2, label="nosched (LR schedule restarted)"),
     "halfresume": dict(color="tab:blue", lw=1.2, label="halfresume (fp16 weights in the resume file)"),
+    "replay": dict(color="tab:brown", lw=1.2, label="replay (the epoch read again from its first batch)"),
+    "norng": dict(color="tab:olive", lw=1.2, label="norng (dropout's RNG state dropped)"),
+    "noscaler": dict(color="tab:cyan", lw=1.2, label="noscaler (a fresh GradScaler)"),
 }
 
 

@@ -33,7 +33,41 @@ VARIANTS = {
         "재개 파일의 가중치를 fp16으로 저장하면(최근 MiniMind의 lm_checkpoint) 반올림 오차가 남고, "
         "옵티마이저와 생성기가 온전해도 결과는 비트 단위로 같지 않다. 차이는 작지만 0이 아니다.",
     ),
+    "replay": (
+        "에포크 안의 위치",
+        "데이터 위치(`data_position`)의 에포크는 지키고 그 안에서 읽은 배치 수를 버리면, 에포크를 첫 배치부터 "
+        "다시 읽는다. SkipBatchSampler 없이 DataLoader를 다시 만든 재개가 이렇다. 중단이 에포크 경계에 "
+        "떨어지면 버릴 것이 없어 차이도 0이다.",
+    ),
+    "norng": (
+        "전역 난수 상태 (드롭아웃)",
+        "드롭아웃 마스크는 전역 RNG에서 뽑힌다. 그 상태(`rng_state`)를 복원하지 않으면 재개한 실행은 새 실행의 "
+        "RNG로 마스크를 다시 뽑아, 데이터·옵티마이저가 온전해도 다른 뉴런을 끈다. MiniMind는 RNG 상태를 "
+        "저장하지 않는다.",
+    ),
+    "noscaler": (
+        "GradScaler 상태 (fp16)",
+        "손실 배율(`scaler`)을 버리면 새 GradScaler가 65536에서 다시 시작한다. 중단 전에 오버플로로 배율이 "
+        "내려가 있었다면 재개 직후 몇 스텝이 오버플로로 건너뛰어진다. 배율이 한 번도 움직이지 않았다면 "
+        "새 배율도 같은 값이라 차이가 0이다.",
+    ),
 }
+ARCH_NAMES = {"minimind2": "MiniMind2", "minimind3": "MiniMind-3"}
+
+
+def training_path(env: dict) -> str:
+    """The sentence on MiniMind's own loop, when the run uses any of it (none for the default run)."""
+    model = env["model"]
+    parts = []
+    if env["data_format"] == "minimind":
+        parts.append("데이터: MiniMind의 PretrainDataset(JSONL 문서, bos/eos/pad, 에포크마다 새 순열, DataLoader)")
+    if env["accumulation_steps"] > 1:
+        parts.append(f"기울기 누적 {env['accumulation_steps']} 마이크로배치")
+    if model["dropout"]:
+        parts.append(f"드롭아웃 {model['dropout']}")
+    if env["scaler"] is not None:
+        parts.append(f"fp16 GradScaler (저장 시 배율 {env['scaler']['scale']:g})")
+    return f" {', '.join(parts)}." if parts else ""
 
 
 def read_loss_log(path) -> dict[int, float]:
@@ -86,12 +120,12 @@ def render(env: dict, optim: dict, halves: dict, divergence: list[dict], log_mat
     lines = [
         "# 중단 후 재개는 한 번에 학습한 것과 같은가 — 재개 파일에 무엇을 넣나",
         "",
-        f"MiniMind2 구조 ({env['params']:,} 매개변수: hidden {env['model']['hidden_size']}, "
+        f"{ARCH_NAMES[env['model']['arch']]} 구조 ({env['params']:,} 매개변수: hidden {env['model']['hidden_size']}, "
         f"{env['model']['num_hidden_layers']}층, 헤드 {env['model']['num_attention_heads']}/"
         f"KV {env['model']['num_key_value_heads']}, 어휘 {env['model']['vocab_size']}), 시드 {env['seed']}, "
         f"배치 {env['batch_size']}, 길이 {env['seq_len']}, lr {env['lr']}, 총 {env['steps']} 스텝, "
         f"{env['stop_at']} 스텝에서 중단. 환경: torch {env['torch']}, {env['device']}, 스레드 {env['threads']}, "
-        f"정밀도 {env['precision']}.",
+        f"정밀도 {env['precision']}.{training_path(env)}",
         "",
         # wall time on a line of its own: the one line of the report that differs between two identical builds
         f"학습 시간: 학습 작업 {env['jobs']}개의 합계 {env['train_seconds']:.1f}초 "
@@ -101,7 +135,9 @@ def render(env: dict, optim: dict, halves: dict, divergence: list[dict], log_mat
         "",
         "재개 파일 `resume.pth`에는 다음 스텝이 의존하는 모든 것이 들어 있다: 가중치(`model`, fp32), "
         "AdamW 상태(`optimizer`: 매개변수마다 exp_avg·exp_avg_sq와 step), 스텝 번호(`step`, 학습률은 "
-        "전체 스텝 기준으로 이어서 계산), 배치 생성기 상태(`gen_state`, 다음에 뽑을 배치), 그리고 "
+        "전체 스텝 기준으로 이어서 계산), 배치 생성기 상태(`gen_state`, 다음에 뽑을 배치)와 데이터 위치"
+        "(`data_position`: 에포크와 그 안에서 읽은 배치 수), 전역 난수 상태(`rng_state`, 드롭아웃), "
+        "fp16의 손실 배율(`scaler`), 그리고 "
         "비트 단위 일치에 필요한 설정의 지문(`fingerprint`: torch 버전, 스레드 수, 장치, 모델 크기 등), "
         "NaN/Inf로 건너뛴 갱신 수(`skipped_steps`), 항목마다 저장 시점의 sha256(`digests`). 재개하기 전에 "
         "모든 항목의 형식·모양·dtype·범위·유한성을 이 실행이 만든 모델과 옵티마이저에 맞춰 검사한다. "
@@ -244,7 +280,9 @@ def summary_table(env: dict, optim: dict, fp16: dict, divergence: list[dict]) ->
         "|---|---|---|---|---|---|",
     ]
     dropped = {"resumed": "nothing", "noopt": "optimizer state", "noskip": "data position (generator)",
-               "nosched": "step (LR schedule restarted)", "halfresume": "fp32 weights (stored as fp16)"}
+               "nosched": "step (LR schedule restarted)", "halfresume": "fp32 weights (stored as fp16)",
+               "replay": "batches read in this epoch", "norng": "global RNG state (dropout)",
+               "noscaler": "GradScaler state (fp16)"}
     for name, row in rows.items():
         if name == "straight":
             lines.append(f"| straight | (no interruption) | — | — | — | {row['val_loss']:.4f} |")

@@ -1,7 +1,6 @@
 """The one training loop every training artifact runs, and the one place model and optimizer are built."""
 
 import contextlib
-import hashlib
 import math
 import os
 import sys
@@ -11,7 +10,7 @@ import torch
 
 from .checkpoint import FORMAT_VERSION
 from .config import RunConfig
-from .data import get_batch
+from .data import StepPlan
 from .errors import NonFiniteError, UserError
 from .model import MiniMindForCausalLM
 from .parallel import Ranks
@@ -52,7 +51,8 @@ def make_deterministic(cfg: RunConfig) -> str:
 
 
 def build(cfg: RunConfig, device: str, ranks: Ranks | None = None):
-    """Model, optimizer and batch generator, built identically by the straight and the resumed run.
+    """Model, optimizer, batch generator and loss scaler (fp16 only, else None), built identically by the
+    straight and the resumed run.
 
     With several ranks the model is wrapped (DDP, or sharded in place by FSDP2) before AdamW sees it.
     """
@@ -67,10 +67,12 @@ def build(cfg: RunConfig, device: str, ranks: Ranks | None = None):
     # rank0_gen ablation gives each rank its own (seed + rank), as many DDP scripts do
     own = ranks is not None and ranks.rank_generators
     batch_generator = torch.Generator().manual_seed(cfg.seed + (ranks.rank if own else 0))
-    return model, optimizer, batch_generator
+    # fp16 autocast: gradients scaled up so small ones survive fp16, and a step skipped on overflow
+    scaler = torch.amp.GradScaler(device) if cfg.precision == "fp16" else None
+    return model, optimizer, batch_generator, scaler
 
 
-def fingerprint(cfg: RunConfig, device: str, train_tokens, ranks: Ranks) -> dict:
+def fingerprint(cfg: RunConfig, device: str, train_data_sha256: str, ranks: Ranks) -> dict:
     """The settings a bit-exact continuation depends on; stored in and checked against the resume file."""
     return {
         "format": FORMAT_VERSION,
@@ -86,7 +88,10 @@ def fingerprint(cfg: RunConfig, device: str, train_tokens, ranks: Ranks) -> dict
         "batch_size": cfg.batch_size,
         "seq_len": cfg.seq_len,
         "lr": cfg.lr,
-        "train_tokens_sha256": hashlib.sha256(memoryview(train_tokens)).hexdigest(),
+        "accumulation_steps": cfg.accumulation_steps,
+        "data_format": cfg.data_format,
+        # the training data as read: the token file, or the JSONL and the tokenizer
+        "train_data_sha256": train_data_sha256,
         # how the global batch is cut and summed; only --reshard continues under another world size
         "world_size": ranks.world_size,
         "strategy": ranks.strategy,
@@ -96,53 +101,72 @@ def fingerprint(cfg: RunConfig, device: str, train_tokens, ranks: Ranks) -> dict
 
 
 def autocast(cfg: RunConfig, device: str):
-    if cfg.precision == "bf16":
-        return torch.autocast(device_type=device, dtype=torch.bfloat16)
+    if cfg.precision in ("bf16", "fp16"):
+        return torch.autocast(device_type=device, dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float16)
     return contextlib.nullcontext()
 
 
-def train(cfg: RunConfig, device, model, optimizer, batch_generator, tokens, first_step: int, last_step: int,
-          ranks: Ranks, schedule_offset: int = 0):
+def train(cfg: RunConfig, device, model, optimizer, batches, plan: StepPlan, first_step: int, last_step: int,
+          ranks: Ranks, schedule_offset: int = 0, scaler=None):
     """Optimizer steps first_step..last_step (1-based, inclusive); yields (step, loss, skipped) after each.
 
-    Each rank trains on its micro-batches of the step's batch (ranks.micro_batches), accumulating their
-    gradients; loss is the mean over all slices of the global batch, the same number on every rank.
+    Each step reads plan.micro_batches(step) batches from BATCHES (accumulation_steps of them, fewer for an
+    epoch's trailing step), each with its own LR from its micro-batch number, as MiniMind sets it. Each
+    rank trains on its slices of a batch (ranks.micro_batches), accumulating their gradients; loss is the
+    mean over all micro-batches and slices, the same number on every rank.
 
-    A non-finite loss or gradient norm stops the run (NonFiniteError), or with nonfinite: skip leaves
-    the weights and AdamW untouched for that step (skipped=True), as a mixed-precision loss scaler does.
-    schedule_offset > 0 reproduces a known bug (the LR schedule counted from 0 again on resume):
-    only the nosched ablation sets it.
+    A non-finite loss or gradient norm stops the run (NonFiniteError), or with nonfinite: skip leaves the
+    weights and AdamW untouched for that step (skipped=True). Under fp16 the GradScaler skips a step whose
+    scaled gradients overflowed, and it counts as skipped too. schedule_offset > 0 reproduces a known bug
+    (the LR schedule counted from 0 again on resume, in micro-batches): only the nosched ablation sets it.
     """
     model.train()
+    total = plan.consumed(cfg.steps)
     for step in range(first_step, last_step + 1):
         t0 = time.perf_counter()
-        lr = lr_at(step - schedule_offset, cfg.steps, cfg.lr)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        drawn = cfg.batch_size // ranks.world_size if ranks.rank_generators else cfg.batch_size
-        micro_batches = ranks.micro_batches(*get_batch(tokens, drawn, cfg.seq_len, batch_generator))
+        micro_steps = plan.micro_batches(step)
         loss = 0.0
-        for i, (x, y) in enumerate(micro_batches):
-            with ranks.grad_sync(model, last=i == len(micro_batches) - 1), autocast(cfg, device):
-                _, micro_loss = model(x.to(device), y.to(device))
-            # scaled only when it changes something: one slice on one rank stays the plain loop, bit for bit
-            (micro_loss * ranks.loss_scale if ranks.loss_scale != 1 else micro_loss).backward()
-            loss += micro_loss.item() / ranks.slices
+        for k, micro in enumerate(micro_steps):
+            lr = lr_at(micro - schedule_offset, total, cfg.lr)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            slices = ranks.micro_batches(*next(batches))
+            for i, (x, y) in enumerate(slices):
+                last = k == len(micro_steps) - 1 and i == len(slices) - 1
+                with ranks.grad_sync(model, last=last), autocast(cfg, device):
+                    _, micro_loss = model(x.to(device), y.to(device))
+                # scaled only when it changes something: one batch on one rank stays the plain loop, bit for bit
+                scaled = micro_loss * ranks.loss_scale if ranks.loss_scale != 1 else micro_loss
+                scaled = scaled / cfg.accumulation_steps if cfg.accumulation_steps != 1 else scaled  # MiniMind's
+                (scaler.scale(scaled) if scaler else scaled).backward()
+                loss += micro_loss.item() / ranks.slices / len(micro_steps)
         loss = ranks.sum(loss)
+        if scaler:
+            scaler.unscale_(optimizer)
         grad_norm = total_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP))
-        finite = math.isfinite(loss) and math.isfinite(grad_norm)
+        overflow = scaler is not None and not math.isfinite(grad_norm)  # the scaler's to handle
+        finite = math.isfinite(loss) and (math.isfinite(grad_norm) or overflow)
         if not finite and cfg.nonfinite == "stop":
             raise NonFiniteError(f"step {step}: loss {loss}, gradient norm {grad_norm}"
                                  f"{first_nonfinite_grad(model)}; stopped before the update, nothing written")
-        if finite:
+        if scaler:
+            if finite:
+                scaler.step(optimizer)  # skips the update when unscale_ found an overflow
+            scaler.update()
+        elif finite:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        skipped = not finite or overflow
         ms = (time.perf_counter() - t0) * 1000
-        note = "" if finite else "  skipped: non-finite"
+        note = ""
+        if not finite:
+            note = "  skipped: non-finite"
+        elif overflow:
+            note = f"  skipped: fp16 overflow, loss scale now {scaler.get_scale():g}"
         if ranks.main:
             print(f"step {step:>4}/{cfg.steps}  loss {loss:.6f}  lr {lr:.3e}  {ms:.0f} ms{note}", file=sys.stderr,
                   flush=True)
-        yield step, loss, not finite
+        yield step, loss, skipped
 
 
 def total_norm(norm) -> float:
