@@ -34,8 +34,10 @@ lint: $(BIN)/.test
 # copy the default run's results tables and the latest benchmark targets into README.md
 readme: results
 	$(RUN) snakemake --cores all dist
+	$(RUN) snakemake --cores all --configfile config.yaml presets/minimind-parity.yaml
 	$(BIN)/python workflow/scripts/update_readme.py README.md results=results/summary.md \
-		settings=results/settings.md dist=results/dist/summary.md bench=bench/targets.md
+		settings=results/settings.md dist=results/dist/summary.md bench=bench/targets.md \
+		parity=results/minimind-parity/summary.md
 
 # the benchmark (minutes; run it on a quiet machine): bench/results.md, results.csv, targets.md
 bench: $(BIN)/.test

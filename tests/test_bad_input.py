@@ -186,10 +186,10 @@ def test_token_file_that_is_not_npy(tiny_run, tmp_path):
 
 def prepare(tmp_path, corpus, env=None):
     settings = tmp_path / "tokenize.yaml"
-    settings.write_text(yaml.safe_dump({"data": {"corpus": str(corpus) or None,
-                                                 "val_fraction": 0.1}, "model": {"vocab_size": 300}}))
+    settings.write_text(yaml.safe_dump({"data": {"corpus": str(corpus) or None, "val_fraction": 0.1,
+                                                 "tokenizer": None}, "model": {"vocab_size": 300}}))
     args = [sys.executable, str(SCRIPTS / "prepare_data.py"), "--config", str(settings),
-            "--tokenizer", str(tmp_path / "tok.json"),
+            "--tokenizer", str(tmp_path / "tok.json"), "--jsonl", str(tmp_path / "train.jsonl"),
             "--train", str(tmp_path / "train.npy"), "--val", str(tmp_path / "val.npy")]
     return subprocess.run(args, capture_output=True, text=True, env=env or clean_env())
 

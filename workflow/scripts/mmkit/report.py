@@ -272,9 +272,21 @@ def render_dist(rows: list[dict] | None, stop_at: int) -> str:
 def summary_table(env: dict, optim: dict, fp16: dict, divergence: list[dict]) -> str:
     """The README's results table: one row per claim, every value read from an artifact."""
     rows = {r["variant"]: r for r in divergence}
+    model, path = env["model"], []
+    if env["data_format"] == "minimind":
+        path.append("MiniMind's PretrainDataset JSONL in epoch order through a DataLoader")
+    if env["accumulation_steps"] > 1:
+        path.append(f"{env['accumulation_steps']} micro-batches per step")
+    if model["dropout"]:
+        path.append(f"dropout {model['dropout']}")
+    if env["scaler"] is not None:
+        path.append(f"fp16 GradScaler (scale {env['scaler']['scale']:g} at the cut)")
+    default = not path and model["arch"] == "minimind2"
+    arch = "" if model["arch"] == "minimind2" else f"{ARCH_NAMES[model['arch']]}, "
     lines = [
-        f"Default run: {env['params']:,} parameters, {env['steps']} steps, cut at {env['stop_at']}, "
-        f"torch {env['torch']} on {env['device']}, {env['threads']} thread(s), {env['precision']}.",
+        f"{'Default run' if default else 'Run'}: {arch}{env['params']:,} parameters, {env['steps']} steps, "
+        f"cut at {env['stop_at']}, torch {env['torch']} on {env['device']}, {env['threads']} thread(s), "
+        f"{env['precision']}" + "".join(f"; {part}" for part in path) + ".",
         "",
         "| variant | what the resume dropped | max \\|Δw\\| vs straight | rel. L2 Δw | mean / max \\|Δloss\\| after the cut | val loss |",
         "|---|---|---|---|---|---|",
