@@ -140,14 +140,18 @@ def test_naming_only_one_token_file_is_refused(fresh, pipeline):
     assert proc.returncode != 0 and "data.val_tokens" in proc.stdout + proc.stderr
 
 
-def test_minimind2_small_preset_is_the_real_size(fresh):
+@pytest.mark.parametrize("preset, millions", [("minimind2-small", 25.8), ("minimind3-small", 63.9)])
+def test_the_size_presets_are_the_real_sizes(fresh, preset, millions):
+    """MiniMind2-small as published (25.8M), MiniMind-3's dense model (published as 64M; 63,912,192 by the
+    upstream MiniMindConfig's defaults)."""
     from mmkit.config import load_config, model_config
     from mmkit.model import MiniMindForCausalLM
 
     merged = yaml.safe_load((REPO / "config.yaml").read_text())
-    merged.update(yaml.safe_load((REPO / "presets" / "minimind2-small.yaml").read_text()))
+    overlay = yaml.safe_load((REPO / "presets" / f"{preset}.yaml").read_text())
+    merged.update({**overlay, "model": {**merged["model"], **overlay["model"]}})
     (fresh / "merged.yaml").write_text(yaml.safe_dump(merged))
     params = MiniMindForCausalLM(model_config(load_config(fresh / "merged.yaml"))).num_parameters()
-    assert round(params / 1e6, 1) == 25.8  # MiniMind2-small as published
-    plan = planned_jobs(snakemake(fresh, "-n", configfiles=("config.yaml", "presets/minimind2-small.yaml")))
+    assert round(params / 1e6, 1) == millions
+    plan = planned_jobs(snakemake(fresh, "-n", configfiles=("config.yaml", f"presets/{preset}.yaml")))
     assert plan["straight"] == 1

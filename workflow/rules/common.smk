@@ -78,7 +78,12 @@ TRAINING = [
     "data.workers",
 ]
 READS = {
-    "tokenize": ["data.corpus", "data.val_fraction", "data.tokenizer", "model.vocab_size"],
+    "tokenize": [
+        "data.corpus",
+        "data.val_fraction",
+        "data.tokenizer",
+        "model.vocab_size",
+    ],
     "straight": TRAINING,
     "resume": TRAINING + ["stop_at"],
     "resumed": TRAINING,  # with noopt, noskip, nosched, halfresume: the step comes from the resume file

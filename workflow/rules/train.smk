@@ -6,10 +6,10 @@ LAUNCH = launch(config["parallel"]["world_size"])
 
 rule straight:
     input:
+        **TRAIN_DATA,
         code=TRAINING_CODE,
         script=RUN,
         settings=settings("straight"),
-        **TRAIN_DATA,
     output:
         weights=f"{OUT}/straight.pth",
         log=f"{OUT}/straight_log.csv",
@@ -31,10 +31,10 @@ rule straight:
 
 rule resume:
     input:
+        **TRAIN_DATA,
         code=TRAINING_CODE,
         script=RUN,
         settings=settings("resume"),
-        **TRAIN_DATA,
     output:
         resume=f"{OUT}/resume.pth",
         log=f"{OUT}/resume_log.csv",
@@ -56,10 +56,10 @@ rule resume:
 
 rule resumed:
     input:
+        **TRAIN_DATA,
         code=TRAINING_CODE,
         script=RUN,
         settings=settings("resumed"),
-        **TRAIN_DATA,
         resume=rules.resume.output.resume,
     output:
         weights=f"{OUT}/resumed.pth",
@@ -136,10 +136,10 @@ rule resume_fp16:
 
 use rule resumed as halfresume with:
     input:
+        **TRAIN_DATA,
         code=TRAINING_CODE,
         script=RUN,
         settings=settings("resumed"),
-        **TRAIN_DATA,
         resume=rules.resume_fp16.output,
     output:
         weights=f"{OUT}/halfresume.pth",
