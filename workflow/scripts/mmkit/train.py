@@ -68,6 +68,8 @@ def build(cfg: RunConfig, device: str, ranks: Ranks | None = None):
     own = ranks is not None and ranks.rank_generators
     batch_generator = torch.Generator().manual_seed(cfg.seed + (ranks.rank if own else 0))
     # fp16 autocast: gradients scaled up so small ones survive fp16, and a step skipped on overflow
+    if cfg.precision == "fp16" and not torch.amp.is_autocast_available(device):
+        raise UserError(f"config key 'precision': fp16 autocast is not available on {device} in torch {torch.__version__}")
     scaler = torch.amp.GradScaler(device) if cfg.precision == "fp16" else None
     return model, optimizer, batch_generator, scaler
 
