@@ -33,7 +33,7 @@ def exported(tmp_path_factory):
     """A seeded tiny model saved as a straight-like weights file, exported by the script."""
     tmp = tmp_path_factory.mktemp("export")
     cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
-    cfg.update(outdir=str(tmp), model=TINY)
+    cfg.update(outdir=str(tmp), model={**cfg["model"], **TINY})
     config = tmp / "config.yaml"
     config.write_text(yaml.safe_dump(cfg))
     run_cfg = load_config(config)

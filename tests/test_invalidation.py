@@ -24,10 +24,10 @@ SMALL = {
               "vocab_size": 320},
 }
 # One key per group of the settings table: the keys of a group are read by the same jobs, which the next
-# test checks by construction for every key, so one of them stands for the group (seed and steps for lr).
+# test checks by construction for every key, so one of them stands for the group (threads for lr, seed,
+# steps and every other training key).
 CHANGES = {
     "stop_at": {"stop_at": 2},
-    "lr": {"lr": 1.0e-3},
     "model.num_hidden_layers": {"model": {"num_hidden_layers": 2}},
     "data.val_fraction": {"data": {"val_fraction": 0.2}},
     "threads": {"threads": 2},
