@@ -55,19 +55,20 @@ VARIANTS = {
 ARCH_NAMES = {"minimind2": "MiniMind2", "minimind3": "MiniMind-3"}
 
 
-def training_path(env: dict) -> str:
-    """The sentence on MiniMind's own loop, when the run uses any of it (none for the default run)."""
-    model = env["model"]
-    parts = []
-    if env["data_format"] == "minimind":
-        parts.append("데이터: MiniMind의 PretrainDataset(JSONL 문서, bos/eos/pad, 에포크마다 새 순열, DataLoader)")
-    if env["accumulation_steps"] > 1:
-        parts.append(f"기울기 누적 {env['accumulation_steps']} 마이크로배치")
-    if model["dropout"]:
-        parts.append(f"드롭아웃 {model['dropout']}")
-    if env["scaler"] is not None:
-        parts.append(f"fp16 GradScaler (저장 시 배율 {env['scaler']['scale']:g})")
-    return f" {', '.join(parts)}." if parts else ""
+def training_path(env: dict, english: bool = False) -> list[str]:
+    """What of MiniMind's own loop the run uses, a phrase each, in Korean or English (none by default)."""
+    model, scaler = env["model"], env["scaler"]
+    phrases = [
+        (env["data_format"] == "minimind",
+         "데이터: MiniMind의 PretrainDataset(JSONL 문서, bos/eos/pad, 에포크마다 새 순열, DataLoader)",
+         "MiniMind's PretrainDataset JSONL in epoch order through a DataLoader"),
+        (env["accumulation_steps"] > 1, f"기울기 누적 {env['accumulation_steps']} 마이크로배치",
+         f"{env['accumulation_steps']} micro-batches per step"),
+        (model["dropout"], f"드롭아웃 {model['dropout']}", f"dropout {model['dropout']}"),
+        (scaler is not None, f"fp16 GradScaler (저장 시 배율 {scaler['scale']:g})" if scaler else "",
+         f"fp16 GradScaler (scale {scaler['scale']:g} at the cut)" if scaler else ""),
+    ]
+    return [en if english else ko for used, ko, en in phrases if used]
 
 
 def read_loss_log(path) -> dict[int, float]:
@@ -116,6 +117,7 @@ def render(env: dict, optim: dict, halves: dict, divergence: list[dict], log_mat
     resumed = rows["resumed"]
     fp16, bf16 = halves["fp16"], halves["bf16"]
     same, total = log_match
+    path = training_path(env)  # MiniMind's own loop, where the run uses it
     weight_ratio = optim["resume_bytes"] / fp16["fp32_bytes"]
     lines = [
         "# 중단 후 재개는 한 번에 학습한 것과 같은가 — 재개 파일에 무엇을 넣나",
@@ -125,7 +127,7 @@ def render(env: dict, optim: dict, halves: dict, divergence: list[dict], log_mat
         f"KV {env['model']['num_key_value_heads']}, 어휘 {env['model']['vocab_size']}), 시드 {env['seed']}, "
         f"배치 {env['batch_size']}, 길이 {env['seq_len']}, lr {env['lr']}, 총 {env['steps']} 스텝, "
         f"{env['stop_at']} 스텝에서 중단. 환경: torch {env['torch']}, {env['device']}, 스레드 {env['threads']}, "
-        f"정밀도 {env['precision']}.{training_path(env)}",
+        f"정밀도 {env['precision']}." + (f" {', '.join(path)}." if path else ""),
         "",
         # wall time on a line of its own: the one line of the report that differs between two identical builds
         f"학습 시간: 학습 작업 {env['jobs']}개의 합계 {env['train_seconds']:.1f}초 "
@@ -272,15 +274,7 @@ def render_dist(rows: list[dict] | None, stop_at: int) -> str:
 def summary_table(env: dict, optim: dict, fp16: dict, divergence: list[dict]) -> str:
     """The README's results table: one row per claim, every value read from an artifact."""
     rows = {r["variant"]: r for r in divergence}
-    model, path = env["model"], []
-    if env["data_format"] == "minimind":
-        path.append("MiniMind's PretrainDataset JSONL in epoch order through a DataLoader")
-    if env["accumulation_steps"] > 1:
-        path.append(f"{env['accumulation_steps']} micro-batches per step")
-    if model["dropout"]:
-        path.append(f"dropout {model['dropout']}")
-    if env["scaler"] is not None:
-        path.append(f"fp16 GradScaler (scale {env['scaler']['scale']:g} at the cut)")
+    model, path = env["model"], training_path(env, english=True)
     default = not path and model["arch"] == "minimind2"
     arch = "" if model["arch"] == "minimind2" else f"{ARCH_NAMES[model['arch']]}, "
     lines = [
