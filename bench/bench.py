@@ -34,7 +34,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import yaml  # noqa: E402
 
-from mmkit.checkpoint import resume_state, save_atomic  # noqa: E402
+from mmkit.checkpoint import global_rng_state, resume_state, save_atomic  # noqa: E402
 from mmkit.model import MiniMindForCausalLM, ModelConfig  # noqa: E402
 from mmkit.train import GRAD_CLIP, WEIGHT_DECAY, lr_at  # noqa: E402
 
@@ -257,7 +257,8 @@ def resume_sized_state(dims: str) -> dict:
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     gen = torch.Generator().manual_seed(0)
-    return resume_state(model.state_dict(), optimizer.state_dict(), 1, 0, gen, {"format": 1, "note": "bench"}, {}, [])
+    return resume_state(model.state_dict(), optimizer.state_dict(), 1, 0, gen, {"format": 1, "note": "bench"}, {}, [],
+                        data_position={"epoch": 0, "batch": 1}, rng_state=global_rng_state(), scaler=None)
 
 
 def dd_write(path: Path, mib: int) -> float:

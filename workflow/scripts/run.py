@@ -203,12 +203,14 @@ class TrainingData:
             self.dataset = PretrainDataset(args.jsonl, args.tokenizer, cfg.seq_len + 1, cfg.model.vocab_size)
             self.sha256 = hashlib.sha256(Path(args.jsonl).read_bytes() + Path(args.tokenizer).read_bytes()).hexdigest()
             self.n_tokens = 0
-            self.batches_per_epoch = -(-len(self.dataset) // cfg.batch_size)
+            self.epochs = EpochBatches(self.dataset, cfg.batch_size, cfg.seed, cfg.workers)
+            self.batches_per_epoch = self.epochs.batches_per_epoch
 
     def batches(self, position: dict, batch_generator, drawn: int):
         if self.windows:
             return WindowBatches(self.tokens, drawn, self.cfg.seq_len, batch_generator, position)
-        return EpochBatches(self.dataset, self.cfg.batch_size, self.cfg.seed, self.cfg.workers, position)
+        self.epochs.position = dict(position)
+        return self.epochs
 
 
 class Expected:

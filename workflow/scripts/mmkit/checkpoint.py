@@ -103,8 +103,8 @@ def load_model(path, model: torch.nn.Module) -> torch.nn.Module:
 
 
 def resume_state(model_state: dict, optimizer_state: dict, step: int, skipped_steps: int,
-                 generator: torch.Generator, fingerprint: dict, origin: dict, loss_log: list,
-                 data_position: dict | None = None, rng_state: dict | None = None, scaler: dict | None = None) -> dict:
+                 generator: torch.Generator, fingerprint: dict, origin: dict, loss_log: list, *,
+                 data_position: dict, rng_state: dict, scaler: dict | None) -> dict:
     """Everything step+1 depends on. Leave one out and the resumed run silently differs.
 
     One file (save_resume_file) at world size 1 and under DDP; under FSDP2 model and optimizer are
@@ -120,9 +120,9 @@ def resume_state(model_state: dict, optimizer_state: dict, step: int, skipped_st
         "gen_state": generator.get_state(),
         # the data position as a value: {epoch, batches of it read}. The minimind format's whole position
         # (its epoch order is re-drawn from seed + epoch); with windows, epoch 0 and the batches drawn
-        "data_position": data_position if data_position is not None else {"epoch": 0, "batch": step},
+        "data_position": data_position,
         # the global RNG (dropout's masks): {"cpu": state, "cuda": state or None}
-        "rng_state": rng_state if rng_state is not None else global_rng_state(),
+        "rng_state": rng_state,
         "scaler": scaler,  # fp16's GradScaler: its loss scale and growth tracker (None without fp16)
         "fingerprint": fingerprint,  # what must match for the continuation to be bit-exact
         # which run this is a checkpoint of: the resume file it started from (sha256) and the ablations

@@ -36,7 +36,7 @@ def read_corpus(corpus: str | None) -> list[str]:
     if not path.is_file():
         raise UserError(f"data.corpus {corpus} does not exist")
     if path.suffix == ".jsonl":
-        docs = [text for _, text in jsonl_texts(path, "data.corpus")]
+        docs = jsonl_texts(path, "data.corpus")
     else:
         docs = [d for d in path.read_text(encoding="utf-8").split("\n\n") if d.strip()]
     if not docs:
@@ -44,8 +44,8 @@ def read_corpus(corpus: str | None) -> list[str]:
     return docs
 
 
-def jsonl_texts(path, what: str):
-    """(line number, text) of each non-blank line of a {"text": ...} JSONL, every line checked."""
+def jsonl_texts(path, what: str) -> list[str]:
+    """The text of each non-blank line of a {"text": ...} JSONL, every line checked."""
     out = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -59,7 +59,7 @@ def jsonl_texts(path, what: str):
                 raise UserError(f'{what} {path} line {n} has no "text" field')
             if not isinstance(record["text"], str):
                 raise UserError(f'{what} {path} line {n}: "text" is a {type(record["text"]).__name__}, not a string')
-            out.append((n, record["text"]))
+            out.append(record["text"])
     if not out:
         raise UserError(f"{what} {path} holds no documents")
     return out
@@ -234,7 +234,7 @@ class PretrainDataset(torch.utils.data.Dataset):
         self.jsonl, self.tokenizer_path, self.max_length = str(jsonl), str(tokenizer_path), max_length
         tok = load_tokenizer(tokenizer_path, vocab_size)
         self.pad, self.bos, self.eos = (tok.token_to_id(t) for t in (PAD, BOS, EOS))
-        self.texts = [text for _, text in jsonl_texts(jsonl, "training JSONL")]
+        self.texts = jsonl_texts(jsonl, "training JSONL")
         self._tok = None  # loaded again in each worker, on first use
 
     def __len__(self):
@@ -272,9 +272,9 @@ class EpochBatches:
     tokenized (MiniMind's SkipBatchSampler).
     """
 
-    def __init__(self, dataset, batch_size: int, seed: int, workers: int, position: dict):
+    def __init__(self, dataset, batch_size: int, seed: int, workers: int):
         self.dataset, self.batch_size, self.seed, self.workers = dataset, batch_size, seed, workers
-        self.position = dict(position)
+        self.position = {"epoch": 0, "batch": 0}  # the caller moves it to a resume's position
 
     @property
     def batches_per_epoch(self) -> int:

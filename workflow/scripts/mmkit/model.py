@@ -103,10 +103,7 @@ class Attention(nn.Module):
         # grouped-query attention: each key/value head serves n_heads // n_kv query heads
         k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
         v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-        if self.dropout and self.training:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout, is_causal=True)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
         return dropout(self.o_proj(y.transpose(1, 2).reshape(b, t, -1)), self.dropout, self.training)
 
 

@@ -102,9 +102,12 @@ def fingerprint(cfg: RunConfig, device: str, train_data_sha256: str, ranks: Rank
     }
 
 
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # fp32: no autocast
+
+
 def autocast(cfg: RunConfig, device: str):
-    if cfg.precision in ("bf16", "fp16"):
-        return torch.autocast(device_type=device, dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float16)
+    if cfg.precision in AUTOCAST_DTYPES:
+        return torch.autocast(device_type=device, dtype=AUTOCAST_DTYPES[cfg.precision])
     return contextlib.nullcontext()
 
 
