@@ -41,6 +41,7 @@ CHAIN = T + "test_resume_points.py::test_a_chain_of_resumes_gives_the_straight_w
 PRE = T + "test_preemption.py::"
 DIST = T + "test_dist.py::"
 MINIMIND = T + "test_minimind_path.py::"
+STEP = T + "test_step_options.py::"
 BREAKAGES = [
     # checkpoint I/O
     Breakage("atomic: no fsync of the file", M + "atomic.py", "            os.fsync(f.fileno())\n", "", (ORDER,)),
@@ -124,6 +125,12 @@ BREAKAGES = [
     Breakage("dcp: shards written into the final directory", M + "sharded.py",
              "dcp.save(shards, checkpoint_id=str(tmp))", "dcp.save(shards, checkpoint_id=str(path))",
              (DIST + "test_a_rank_killed_in_the_middle_of_a_dcp_save_leaves_the_previous_directory",)),
+    # the step's options (their own bits, their own fingerprint entry)
+    Breakage("adamw: the kernel setting ignored", M + "train.py", "WEIGHT_DECAY, **ADAMW_KERNELS[cfg.adamw])",
+             "WEIGHT_DECAY)", (STEP + "test_each_adamw_kernel_resumes_bit_exactly_and_has_its_own_bits[forloop]",),
+             False),
+    Breakage("precision auto: bf16 on AVX512-BF16 alone", M + "hardware.py", 'return "bf16" if "amx_bf16" in',
+             'return "bf16" if "avx512_bf16" in', (STEP + "test_precision_auto_follows_the_amx_flag",)),
     # preemption: the checkpoint folder, auto-resume, signals
     Breakage("auto-resume: origin not compared", "workflow/scripts/run.py", "if state[\"origin\"] != origin:",
              "if False:", (PRE + "test_a_resumed_ablation_never_takes_the_checkpoints_of_another_ablation",)),

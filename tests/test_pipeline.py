@@ -4,6 +4,7 @@ import csv
 import re
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -333,6 +334,13 @@ def shown(text: str, value: float) -> bool:
     return float(text) == pytest.approx(value, rel=5e-3)
 
 
+def isa_flags() -> str:
+    """The machine's bf16-relevant ISA flags, read here from /proc/cpuinfo, not through mmkit.hardware."""
+    flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("flags")), [])
+    return ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in ("amx_bf16", "avx512_bf16", "avx512f"))
+
+
 def table_row(text: str, first_cell: str) -> list[str]:
     line = next(line for line in text.splitlines() if line.startswith(f"| {first_cell} |"))
     return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]  # \| inside a cell stays
@@ -343,7 +351,7 @@ def test_every_number_in_the_summary_is_recomputed_from_the_artifacts(pipeline, 
     files = truths["files"]
     assert text.splitlines()[0] == (
         f"Default run: {files['params']:,} parameters, {TINY['steps']} steps, cut at {TINY['stop_at']}, "
-        f"torch {torch.__version__} on cpu, 1 thread(s), fp32.")
+        f"torch {torch.__version__} on cpu, 1 thread(s), fp32, AdamW fused. CPU flags: {isa_flags()}.")
     assert shown(table_row(text, "straight")[5], truths["straight"]["val_loss"])
     for name in ["resumed", *ABLATIONS]:
         t, cells = truths[name], table_row(text, name)

@@ -4,8 +4,9 @@
 
 rule bench:
     input:
-        code=package("model", "train", "checkpoint"),
+        code=package("model", "train", "checkpoint", "hardware"),
         script="bench/bench.py",
+        sections=sorted(glob.glob("bench/*.py")),
     output:
         csv=f"{OUT}/bench/results.csv",
         md=f"{OUT}/bench/results.md",
@@ -18,7 +19,7 @@ rule bench:
     resources:
         cpus_per_task=2,
         mem_mb=4000,  # MiniMind2-small in this project's model and in transformers', side by side
-        runtime=60,
+        runtime=90,
     shell:
         "python {input.script} --out-csv {output.csv} --out-md {output.md}"
         " --out-targets {output.targets} 2> {log}"

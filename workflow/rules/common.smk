@@ -1,3 +1,4 @@
+import glob
 import math
 import os
 import sys
@@ -54,7 +55,7 @@ def package(*modules):
 
 
 TRAINING_CODE = package(
-    "config", "model", "data", "train", "checkpoint", "sharded", "failpoint"
+    "config", "model", "data", "train", "checkpoint", "sharded", "failpoint", "hardware"
 )
 
 # What each rule's jobs read from the config. A job is handed only these keys, in its own settings file,
@@ -70,6 +71,7 @@ TRAINING = [
     "threads",
     "device",
     "precision",
+    "adamw",
     "nonfinite",
     "model",
     "parallel",

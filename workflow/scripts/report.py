@@ -31,13 +31,15 @@ def main():
     resume = load_resume(args.resume)
     fingerprint = resume["fingerprint"]
     optim = read_json(args.optim)
-    timing = {Path(f).stem: read_json(f)["train_seconds"] for f in args.timing}
+    timings = {Path(f).stem: read_json(f) for f in args.timing}
+    timing = {job: t["train_seconds"] for job, t in timings.items()}
     longest = max(timing, key=timing.get)
     env = {
         # the settings as the resume file recorded them, so the report reads no config of its own
-        **{k: fingerprint[k] for k in ("seed", "batch_size", "seq_len", "lr", "steps", "precision", "model",
+        **{k: fingerprint[k] for k in ("seed", "batch_size", "seq_len", "lr", "steps", "precision", "adamw", "model",
                                        "torch", "device", "threads", "accumulation_steps", "data_format")},
         "scaler": resume["scaler"],
+        "cpu": timings[longest]["cpu"],  # the ISA flags of the machine that trained (mmkit.hardware)
         "stop_at": resume["step"],
         "params": optim["model_numel"],
         "jobs": len(timing), "train_seconds": sum(timing.values()),

@@ -11,6 +11,7 @@ steps and when SIGTERM/SIGUSR1 arrives (then exits 75), and the same command con
 """
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import sys
@@ -25,6 +26,7 @@ from mmkit.config import load_config, run_config
 from mmkit.data import EpochBatches, PretrainDataset, StepPlan, WindowBatches, generator_at, load_tokens
 from mmkit.errors import Preempted, UserError, run_cli
 from mmkit.failpoint import failpoint
+from mmkit.hardware import isa_summary, resolve_precision
 from mmkit.parallel import start, state_dicts, unwrap, weights
 from mmkit.train import build, fingerprint, make_deterministic, train
 
@@ -68,6 +70,9 @@ def main():
     cfg = run_config(settings)
     stop_at = settings.stop_at if args.stop_at == "config" else args.stop_at
     device = make_deterministic(cfg)
+    if cfg.precision == "auto":  # decided here, once: the fingerprint, the timing and the report get the result
+        cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
+        print(f"precision: auto is {cfg.precision} on this {device} ({isa_summary()})", file=sys.stderr, flush=True)
     ranks = start(cfg.parallel, device, args.rank_generators)
     try:
         run(args, cfg, stop_at, device, ranks)
@@ -159,7 +164,7 @@ def run(args, cfg, stop_at, device, ranks):
     if ranks.main and args.timing:
         timing = {"first_step": first_step, "last_step": last_step, "skipped_steps": skipped_steps,
                   "train_seconds": seconds, "world_size": ranks.world_size,
-                  "threads": cfg.threads, "device": device, "precision": cfg.precision}
+                  "threads": cfg.threads, "device": device, "precision": cfg.precision, "cpu": isa_summary()}
         write_text_atomic(args.timing, json.dumps(timing, indent=2) + "\n")
     if checkpoints and ranks.main:
         checkpoints.finish()

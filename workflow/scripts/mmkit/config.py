@@ -32,7 +32,8 @@ class RunConfig:
     accumulation_steps: int
     threads: int
     device: str
-    precision: str
+    precision: str  # fp32 | bf16 | fp16, or auto until run.py resolves it for this machine
+    adamw: str
     nonfinite: str
     data_format: str  # data.format: windows | minimind
     workers: int  # data.workers: DataLoader processes (minimind format); the bits do not depend on it

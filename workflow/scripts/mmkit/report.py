@@ -127,9 +127,11 @@ def render(env: dict, optim: dict, halves: dict, divergence: list[dict], log_mat
         f"KV {env['model']['num_key_value_heads']}, 어휘 {env['model']['vocab_size']}), 시드 {env['seed']}, "
         f"배치 {env['batch_size']}, 길이 {env['seq_len']}, lr {env['lr']}, 총 {env['steps']} 스텝, "
         f"{env['stop_at']} 스텝에서 중단. 환경: torch {env['torch']}, {env['device']}, 스레드 {env['threads']}, "
-        f"정밀도 {env['precision']}." + (f" {', '.join(path)}." if path else ""),
+        f"정밀도 {env['precision']}, AdamW {env['adamw']}." + (f" {', '.join(path)}." if path else ""),
         "",
-        # wall time on a line of its own: the one line of the report that differs between two identical builds
+        # the machine, then the wall time: the lines of the report that differ between two identical builds
+        f"CPU: {env['cpu']}.",
+        "",
         f"학습 시간: 학습 작업 {env['jobs']}개의 합계 {env['train_seconds']:.1f}초 "
         f"(가장 긴 작업 {env['longest_job']}: {env['longest_seconds']:.1f}초).",
         "",
@@ -280,7 +282,8 @@ def summary_table(env: dict, optim: dict, fp16: dict, divergence: list[dict]) ->
     lines = [
         f"{'Default run' if default else 'Run'}: {arch}{env['params']:,} parameters, {env['steps']} steps, "
         f"cut at {env['stop_at']}, torch {env['torch']} on {env['device']}, {env['threads']} thread(s), "
-        f"{env['precision']}" + "".join(f"; {part}" for part in path) + ".",
+        f"{env['precision']}, AdamW {env['adamw']}" + "".join(f"; {part}" for part in path)
+        + f". CPU flags: {env['cpu']}.",
         "",
         "| variant | what the resume dropped | max \\|Δw\\| vs straight | rel. L2 Δw | mean / max \\|Δloss\\| after the cut | val loss |",
         "|---|---|---|---|---|---|",

@@ -20,6 +20,8 @@ WEIGHT_DECAY = 0.01
 # alone and not on the thread count that trained them
 EVAL_THREADS = 1
 GRAD_CLIP = 1.0
+# AdamW's three implementations: the same update, summed in other orders, so each has its own last bits
+ADAMW_KERNELS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "forloop": {"foreach": False}}
 
 
 def lr_at(step: int, total_steps: int, lr: float) -> float:
@@ -62,7 +64,7 @@ def build(cfg: RunConfig, device: str, ranks: Ranks | None = None):
     model = MiniMindForCausalLM(cfg.model).to(device)
     if ranks is not None:
         model = ranks.wrap(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=WEIGHT_DECAY)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=WEIGHT_DECAY, **ADAMW_KERNELS[cfg.adamw])
     # its own generator, so nothing else moves the data position; the same on every rank, unless the
     # rank0_gen ablation gives each rank its own (seed + rank), as many DDP scripts do
     own = ranks is not None and ranks.rank_generators
@@ -81,7 +83,8 @@ def fingerprint(cfg: RunConfig, device: str, train_data_sha256: str, ranks: Rank
         "torch": str(torch.__version__),  # a plain str: TorchVersion is not weights_only-loadable
         "threads": cfg.threads,
         "device": device,
-        "precision": cfg.precision,
+        "precision": cfg.precision,  # as resolved for this machine: auto never reaches a resume file
+        "adamw": cfg.adamw,
         "weights_dtype": "float32",  # master weights: a resume file in half precision is not this run's
         "nonfinite": cfg.nonfinite,
         "model": cfg.model.to_dict(),
@@ -139,7 +142,7 @@ def train(cfg: RunConfig, device, model, optimizer, batches, plan: StepPlan, fir
             for i, (x, y) in enumerate(slices):
                 last = k == len(micro_steps) - 1 and i == len(slices) - 1
                 with ranks.grad_sync(model, last=last), autocast(cfg, device):
-                    _, micro_loss = model(x.to(device), y.to(device))
+                    micro_loss = model(x.to(device), y.to(device))[1]  # the logits die here, before backward
                 # scaled only when it changes something: one batch on one rank stays the plain loop, bit for bit
                 scaled = micro_loss * ranks.loss_scale if ranks.loss_scale != 1 else micro_loss
                 scaled = scaled / cfg.accumulation_steps if cfg.accumulation_steps != 1 else scaled  # MiniMind's

@@ -1,0 +1,205 @@
+"""The benchmark's outputs: results.csv (every row), results.md (every section) and targets.md (the README's)."""
+
+import csv
+from pathlib import Path
+
+from common import NOISY_IQR_PCT, TARGET_DIMS
+
+
+def fmt(v, spec: str = ".1f") -> str:
+    return "" if v is None or v == "" else format(v, spec)
+
+
+def ms_cell(r: dict, spec: str = ".1f") -> str:
+    flag = " ⚠" if r["iqr_pct"] > NOISY_IQR_PCT else ""
+    return f"{format(r['median_ms'], spec)} (±{r['iqr_pct']:.0f}%){flag}"
+
+
+def pct(share) -> str:
+    return "" if share is None else f"{100 * share:.0f}"
+
+
+def machine(rows: list) -> str:
+    return next((r["what"] for r in rows if r["section"] == "machine"), "unknown machine")
+
+
+def render_markdown(rows: list, header: list) -> str:
+    out = ["# Benchmark results", "", *header, ""]
+
+    step = [r for r in rows if r["section"] == "step"]
+    if step:
+        out += ["## a. Training step: ours vs transformers LlamaForCausalLM (same weights)", "",
+                "| dims | threads | precision | ours ms | HF ms | ours/HF | ours/HF paired | ours/HF-fp32 "
+                "| HF/HF-fp32 | GFLOP/step | ours GFLOP/s | ours % matmul | HF % matmul | initial loss gap |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        by = {(r["dims"], r["threads"], r["precision"], r["what"]): r for r in step}
+        for (dims, threads, precision, impl), o in by.items():
+            if impl != "ours":
+                continue
+            h = by[(dims, threads, precision, "hf")]
+            out.append(
+                f"| {dims} | {threads} | {precision} | {ms_cell(o)} | {ms_cell(h)} "
+                f"| **{o['vs_hf_same_precision']:.3f}** | {o['vs_hf_same_precision_paired']:.3f} "
+                f"| {o['vs_hf_fp32']:.3f} | {h['vs_hf_fp32']:.3f} | {o['gflop']:.1f} | {o['gflops']:.1f} "
+                f"| {pct(o.get('matmul_share'))} | {pct(h.get('matmul_share'))} | {o['initial_loss_gap']:.1e} |")
+        out += ["",
+                "Times are medians of the repetitions; (±x%) is the interquartile range over the median; "
+                f"⚠ marks a spread over {NOISY_IQR_PCT}%: the machine was busy with other work then, and "
+                "that row's figures, ratios included, are not to be trusted. "
+                "All four candidates of a (dims, threads) block ran round-robin, order reversed every round. "
+                "Ratios are time ratios (< 1 = faster than the reference), taken from medians of this same run; "
+                "`paired` is the median of the per-round ratios (each pair timed back to back), the more robust "
+                "of the two when the machine's speed drifts; the CSV has it for every ratio (`*_paired`). "
+                "A step = set lr, forward (under `torch.autocast('cpu', bfloat16)` for bf16, fp32 master weights), "
+                "cross-entropy on fp32 logits vs the shifted targets (HF gets input_ids only; the loss is computed "
+                "outside it with the same expression as ours), backward, clip_grad_norm_(1.0), AdamW(wd 0.01; ours with config.yaml's `adamw` kernel, HF with torch's default, as a user of transformers writes it), "
+                "zero_grad(set_to_none), loss.item(); batch 8 x seq 128 of random tokens. "
+                "Initial loss gap = |loss_ours - loss_HF| on the same batch before training, in that precision.",
+                "",
+                "FLOPs per step = 6 · N · tokens + 12 · L · seq · (heads · head_dim) · tokens, "
+                "N = non-embedding parameters + the lm_head matmul (vocab · hidden; tied to the embedding, "
+                "whose lookup costs no FLOPs), tokens = 8 · 128. The attention term counts the full seq² "
+                "score matrix (QKᵀ and AV, forward + backward) as in the PaLM appendix, though causal attention "
+                "needs about half. Norms, activations, softmax, RoPE and AdamW are not counted. "
+                "% matmul = the step's GFLOP/s over the matmul rate of section b at the same precision and "
+                "thread count.", ""]
+
+    mm = [r for r in rows if r["section"] == "matmul"]
+    if mm:
+        out += ["## b. Matmul rate", "", "| matmul | precision | threads | ms | GFLOP/s |", "|---|---|---|---|---|"]
+        out += [f"| {r['what']} | {r['precision']} | {r['threads']} | {ms_cell(r, '.2f')} "
+                f"| {r['gflops']:.1f} |" for r in mm]
+        out += ["", "GFLOP/s = 2·n³ / median time; bf16 operands are bfloat16 tensors (what autocast feeds "
+                "the matmuls), fp32 accumulation as the library does it.", ""]
+
+    io = [r for r in rows if r["section"] in ("save", "load")]
+    if io:
+        out += ["## c. Checkpoint I/O (resume file: model + AdamW state)", "",
+                "| operation | dims | MB | ms | MB/s | ÷ torch.save | ÷ dd fsync | ÷ same without mmap |",
+                "|---|---|---|---|---|---|---|---|"]
+        for r in io:
+            out.append(f"| {r['what']} | {r['dims']} | {r['mb']:.0f} | {ms_cell(r)} "
+                       f"| {r['mb_per_s']:.0f} | {fmt(r.get('vs_torch_save'), '.2f')} "
+                       f"| {fmt(r.get('vs_dd_fsync'), '.2f')} | {fmt(r.get('vs_no_mmap'), '.3f')} |")
+        out += ["",
+                "save_atomic = mmkit.checkpoint.save_atomic (write PATH.tmp, asking the kernel to start writeback every "
+                "8 MB as it goes, flush, fsync, os.replace, fsync the "
+                "directory): durable. torch_save = torch.save(obj, path): returns once the bytes are in the page "
+                "cache, NOT durable. dd_fsync = `dd if=/dev/zero bs=1M count=<file size in MiB, rounded> conv=fsync`, "
+                "the time dd reports: the disk's raw durable write rate; ÷ dd fsync compares time per byte. "
+                "All three ran round-robin. Before every timed write the old file is removed and "
+                "`os.sync()` flushes earlier writes (untimed), so no write pays for another's dirty pages. "
+                "Loads are `torch.load(map_location='cpu', weights_only=True[, mmap=True])` of the file just "
+                "written, so from a warm page cache, at 1 torch thread; with mmap the bytes are read lazily, so `+read` also sums "
+                "every tensor once (the cost a training step would then pay).", ""]
+
+    dag = [r for r in rows if r["section"] == "dag"]
+    if dag:
+        out += ["## d. The whole DAG vs its training steps", "",
+                "| config | run | wall s | training s (steps) | wall − training s | overhead ÷ training |",
+                "|---|---|---|---|---|---|"]
+        out += [f"| {r['dims']} | {r['what']} | {r['median_ms'] / 1000:.1f} | {r['train_ms'] / 1000:.1f} "
+                f"({r['train_steps']}) | {r['overhead_ms'] / 1000:.1f} | {100 * r['overhead_share']:.1f}% |" for r in dag]
+        out += ["", "One snakemake run of `all` from a fresh copy of the workflow (tokenizer, every training job, every "
+                "analysis job, report), with config.yaml and, for minimind2-small, presets/minimind2-small.yaml. "
+                "Training s = the sum of the training loops' own clocks (timing/*.json). "
+                "At --cores 1 the jobs run one at a time, so wall − training is the overhead: process starts and "
+                "imports (torch alone ≈ 1.7 s a process), tokenizer training, analysis jobs and snakemake. At "
+                "--cores 2 two jobs run side by side, so wall can fall below the summed training time.", ""]
+
+    mem = [r for r in rows if r["section"] == "memory"]
+    if mem:
+        out += ["## e. Peak resident memory of a training job", "",
+                "| config | precision | allocator | peak RSS MB | ms per step |", "|---|---|---|---|---|"]
+        out += [f"| {r['dims']} | {r['precision']} | {r['what']} | {r['peak_rss_mib'] * 2**20 / 1e6:.0f} "
+                f"| {r['ms_per_step']:.0f} |" for r in mem]
+        out += ["", "run.py as the workflow runs it (config.yaml + the preset, 4 steps, threads 1), in its own "
+                "process; peak RSS from os.wait4 on that process (MB = 10⁶ bytes). The second allocator row pins "
+                "glibc's mmap threshold (MALLOC_MMAP_THRESHOLD_=131072): freed tensors go back to the kernel at "
+                "once, so the peak is what is live, and every step pays page faults for its activations again.", ""]
+
+    prof = [r for r in rows if r["section"] == "profile"]
+    if prof:
+        out += ["## f. Where a step's time goes (torch.profiler, self CPU time of each operator, grouped)", "",
+                "| precision | part | ms per step | share |", "|---|---|---|---|"]
+        out += [f"| {r['precision']} | {r['what']} | {r['ms_per_step']:.0f} | {100 * r['share']:.0f}% |" for r in prof]
+        out += ["", f"Our step at {TARGET_DIMS} dims, 1 thread, batch 8 × 128, after one warm-up step; operators "
+                "grouped by name (bench/op_profile.py: PARTS). matmul = aten::mm/addmm/bmm; AdamW = the fused "
+                "kernel or the for-loop's per-parameter ops; dtype casts = autocast's copies.", ""]
+    return "\n".join(out) + "\n"
+
+
+
+
+def targets_table(rows: list) -> str:
+    """The speed targets (issue 14), each with the figure this run measured, where it comes from, and whether it
+    was met; the machine's ISA flags first, since every figure depends on them."""
+    def one(section, **match):
+        return next((r for r in rows if r["section"] == section and all(r.get(k) == v for k, v in match.items())),
+                    None)
+
+    info = machine(rows)
+    amx = "amx_bf16 yes" in info
+    lines = [f"Machine: {info}.", "",
+             "| target | limit | measured (this run) | met | from |", "|---|---|---|---|---|"]
+
+    def add(target, value, limit, source, shown=None, applies=True, below=True):
+        if value is None:
+            return
+        met = (value <= limit if below else value >= limit) if applies else "n/a: no AMX on this CPU"
+        met = {True: "yes", False: "no"}.get(met, met)
+        lines.append(f"| {target} | {'≤' if below else '≥'} {shown or limit} | {fmt(value, '.3f')} | {met} | {source} |")
+
+    step = {p: one("step", what="ours", dims=TARGET_DIMS, precision=p, threads=1) for p in ("fp32", "bf16")}
+    if step["fp32"]:
+        add(f"fp32 step ÷ transformers fp32 step, {TARGET_DIMS}, 1 thread", step["fp32"]["vs_hf_same_precision_paired"],
+            0.80, "a: paired median")
+    if step["bf16"]:
+        add(f"bf16 step ÷ transformers fp32 step, {TARGET_DIMS}, 1 thread, on a CPU with AMX",
+            step["bf16"]["vs_hf_fp32_paired"], 0.30, "a: paired median", applies=amx)
+    for p, r in step.items():
+        if r and "matmul_share" in r:
+            add(f"{p} step's matmul share (FLOPs ÷ matmul rate ÷ step time), {TARGET_DIMS}, 1 thread",
+                r["matmul_share"], 0.60, "a ÷ b", shown="60%", below=False)
+    dag = one("dag", dims=TARGET_DIMS, cores=1)
+    if dag:
+        add(f"DAG overhead ÷ training time, {TARGET_DIMS} preset, --cores 1", dag["overhead_share"], 0.10,
+            "d: (wall − training) ÷ training", shown="10%")
+    dag = one("dag", dims="default", cores=1)
+    if dag:
+        lines.append(f"| DAG overhead ÷ training time, default config, --cores 1 | (information) "
+                     f"| {dag['overhead_share']:.3f} | | d: (wall − training) ÷ training |")
+    mem = one("memory", dims=TARGET_DIMS, what="glibc default")
+    if mem:
+        add(f"peak RSS of a {TARGET_DIMS} training job, fp32 (GB)", mem["peak_rss_mib"] * 2**20 / 1e9, 1.1,
+            "e: os.wait4")
+    save = one("save", what="save_atomic")
+    if save:
+        add("durable atomic save ÷ plain torch.save", save["vs_torch_save"], 1.15, "c: ratio of medians")
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(rows: list, path: Path) -> None:
+    fields = []
+    for r in rows:
+        fields += [k for k in r if k not in fields]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def read_csv_rows(path: Path) -> list:
+    """Rows of an earlier run's CSV, numbers as numbers, empty cells dropped."""
+    def value(v):
+        for kind in (int, float):
+            try:
+                return kind(v)
+            except ValueError:
+                pass
+        return v
+
+    with open(path, newline="") as f:
+        return [{k: value(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
