@@ -10,6 +10,7 @@ figure is a median of repetitions and every ratio compares figures of this same 
   d. dag.py        the whole DAG's wall time vs the training loops inside it
   e. memory.py     peak resident memory of a MiniMind2-small training job
   f. op_profile.py where a step's time goes, per precision (torch.profiler)
+  g. options.py    the step's options (AdamW kernels, attention written out, torch.compile) against the configured step
 tables.py writes the outputs; targets.md is the README's table of targets.
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from common import DIMS_SOURCES, ROOT, TARGET_DIMS, machine_info
 
-SECTIONS = ("matmul", "step", "io", "dag", "memory", "profile")
+SECTIONS = ("matmul", "step", "options", "io", "dag", "memory", "profile")
 
 
 def parse_args():
@@ -71,6 +72,7 @@ def measure(args) -> list:
     from matmul import add_matmul_share, bench_matmul
     from memory import bench_memory
     from op_profile import bench_profile
+    from options import bench_options
     from step import bench_train_steps
 
     rows = [{"section": "machine", "what": machine_info()}]
@@ -80,6 +82,8 @@ def measure(args) -> list:
         step_rows = bench_train_steps(args.dims, args.threads, args.reps, args.warmup)
         add_matmul_share(step_rows, [r for r in rows if r["section"] == "matmul"])
         rows += step_rows
+    if "options" not in args.skip:
+        rows += bench_options(args.reps, args.warmup)
     if "profile" not in args.skip:
         rows += bench_profile()
     if "memory" not in args.skip:

@@ -126,6 +126,17 @@ def render_markdown(rows: list, header: list) -> str:
         out += ["", f"Our step at {TARGET_DIMS} dims, 1 thread, batch 8 × 128, after one warm-up step; operators "
                 "grouped by name (bench/op_profile.py: PARTS). matmul = aten::mm/addmm/bmm; AdamW = the fused "
                 "kernel or the for-loop's per-parameter ops; dtype casts = autocast's copies.", ""]
+
+    opt = [r for r in rows if r["section"] == "options"]
+    if opt:
+        out += ["## g. The step's options against the configured step", "",
+                "| precision | option | ms | ÷ configured (paired) | compile s |", "|---|---|---|---|---|"]
+        out += [f"| {r['precision']} | {r['what']} | {ms_cell(r, '.0f')} | **{r['vs_configured_paired']:.3f}** "
+                f"| {fmt(r.get('compile_s'))} |" for r in opt]
+        out += ["", f"Our step at {TARGET_DIMS} dims, 1 thread, with config.yaml's settings (configured) and with "
+                "one setting changed, all holding the same weights, run round-robin; < 1 = the option is faster. "
+                "torch.compile compiles the model (default mode) on its first call, timed apart; a second run "
+                "on the same machine finds inductor's cache warm and compiles much faster.", ""]
     return "\n".join(out) + "\n"
 
 

@@ -291,7 +291,7 @@ def test_any_edit_of_a_resume_file_is_refused_in_one_line_or_harmless(tiny_run, 
 
 FINGERPRINT = {"format", "torch", "threads", "device", "precision", "adamw", "weights_dtype", "nonfinite", "seed", "steps",
                "batch_size", "seq_len", "lr", "accumulation_steps", "data_format", "train_data_sha256",
-               "model.arch", "model.dropout", "model.hidden_size", "model.num_hidden_layers",
+               "model.arch", "model.dropout", "model.flash_attn", "model.hidden_size", "model.num_hidden_layers",
                "model.num_attention_heads", "model.num_key_value_heads", "model.vocab_size",
                "model.max_position_embeddings", "model.rms_norm_eps", "model.rope_theta",
                "world_size", "strategy", "batch_slices", "rank_generators"}

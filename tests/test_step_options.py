@@ -12,8 +12,15 @@ from conftest import assert_same_state_dict, differences, run_script
 
 
 def settings(tiny_run, tmp_path, **overrides) -> Path:
-    """The tiny pipeline's resume-job settings with OVERRIDES: a job's own settings file, as run.py reads it."""
-    cfg = {**yaml.safe_load(Path(tiny_run["config"]).read_text()), **overrides}
+    """The tiny pipeline's resume-job settings with OVERRIDES (model__x for model.x): a job's own settings
+    file, as run.py reads it."""
+    cfg = yaml.safe_load(Path(tiny_run["config"]).read_text())
+    for key, value in overrides.items():
+        *parents, last = key.split("__")
+        d = cfg
+        for parent in parents:
+            d = d[parent]
+        d[last] = value
     path = tmp_path / f"{'-'.join(f'{k}_{v}' for k, v in overrides.items())}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -25,20 +32,47 @@ def train(tiny_run, config, out, *args):
     return out, proc.stderr
 
 
-@pytest.mark.parametrize("adamw", ["foreach", "forloop"])
-def test_each_adamw_kernel_resumes_bit_exactly_and_has_its_own_bits(pipeline, tiny_run, tmp_path, adamw):
-    # catches: a kernel whose state does not survive the resume file; the setting ignored by build()
-    # (then this run would equal the pipeline's, which trains with config.yaml's fused AdamW)
-    config = settings(tiny_run, tmp_path, adamw=adamw)
+OPTIONS = {"foreach": {"adamw": "foreach"}, "forloop": {"adamw": "forloop"},
+           "explicit-attention-bf16": {"model__flash_attn": False, "precision": "bf16"}}
+
+
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_each_step_option_resumes_bit_exactly_and_has_its_own_bits(pipeline, tiny_run, tmp_path, option):
+    # catches: an option whose state does not survive the resume file; an option ignored by build() or the
+    # model (then this run would equal the pipeline's, trained with config.yaml's fused AdamW and SDPA)
+    config = settings(tiny_run, tmp_path, **OPTIONS[option])
     straight, _ = train(tiny_run, config, tmp_path / "straight.pth")
     resume, _ = train(tiny_run, config, tmp_path / "resume.pth", "--stop-at")
     resumed, _ = train(tiny_run, config, tmp_path / "resumed.pth", "--resume", resume)
     a, b = torch.load(straight, weights_only=True), torch.load(resumed, weights_only=True)
     assert_same_state_dict(a, b)
-    assert torch.load(resume, weights_only=True)["fingerprint"]["adamw"] == adamw
-    fused = torch.load(pipeline / "straight.pth", weights_only=True)
-    assert yaml.safe_load((pipeline / "settings" / "straight.yaml").read_text())["adamw"] == "fused"
-    assert differences(a, fused), f"{adamw} AdamW gave the fused kernel's bits: the setting did nothing"
+    recorded = torch.load(resume, weights_only=True)["fingerprint"]
+    for key, value in OPTIONS[option].items():
+        *parents, last = key.split("__")
+        assert (recorded[parents[0]] if parents else recorded)[last] == value
+    default = yaml.safe_load((pipeline / "settings" / "straight.yaml").read_text())
+    assert default["adamw"] == "fused" and default["model"]["flash_attn"] is True and default["precision"] == "fp32"
+    assert differences(a, torch.load(pipeline / "straight.pth", weights_only=True)), \
+        f"{option} gave the default step's bits: the setting did nothing"
+
+
+def test_attention_written_out_computes_what_sdpa_computes():
+    # catches: a wrong mask (future tokens seen), a missing 1/sqrt(d), softmax over the wrong axis
+    from mmkit.model import MiniMindForCausalLM, ModelConfig
+
+    torch.manual_seed(0)
+    flash = MiniMindForCausalLM(ModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                            num_key_value_heads=2, vocab_size=512)).eval()
+    written = MiniMindForCausalLM(ModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                              num_key_value_heads=2, vocab_size=512, flash_attn=False)).eval()
+    written.load_state_dict(flash.state_dict())
+    x = torch.randint(0, 512, (2, 40))
+    with torch.no_grad():
+        a, b = flash(x)[0], written(x)[0]
+        # causal: the first 20 positions' logits must not depend on the last 20 tokens
+        cut = written(torch.cat([x[:, :20], torch.randint(0, 512, (2, 20))], 1))[0]
+    assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+    assert torch.equal(cut[:, :20], b[:, :20])
 
 
 def test_precision_auto_is_bf16_exactly_where_the_cpu_has_amx(tiny_run, tmp_path):

@@ -25,6 +25,7 @@ class ModelConfig:
     rope_theta: float = 1e6
     arch: str = "minimind2"  # minimind2 | minimind3
     dropout: float = 0.0  # MiniMind's: after the embedding, in attention, after o_proj (training only)
+    flash_attn: bool = True  # MiniMind's switch: SDPA's fused kernel, or softmax(QKᵀ/√d + mask)V written out
 
     @property
     def rms_norm_eps(self) -> float:
@@ -75,6 +76,15 @@ def dropout(x, p: float, training: bool):
     return F.dropout(x, p) if p and training else x
 
 
+def causal_attention(q, k, v, dropout_p: float):
+    """MiniMind's attention without flash (flash_attn: false), as upstream writes it: scores, causal mask,
+    softmax in fp32, dropout on the weights. On CPU at short sequences it beats SDPA's flash kernel in bf16."""
+    t = q.size(-2)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    scores = scores + torch.full((t, t), float("-inf"), device=scores.device).triu(1)
+    return dropout(F.softmax(scores.float(), dim=-1).type_as(q), dropout_p, True) @ v
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -82,6 +92,7 @@ class Attention(nn.Module):
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         self.dropout = cfg.dropout
+        self.flash_attn = cfg.flash_attn
         self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
@@ -103,7 +114,11 @@ class Attention(nn.Module):
         # grouped-query attention: each key/value head serves n_heads // n_kv query heads
         k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
         v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        p = self.dropout if self.training else 0.0
+        if self.flash_attn:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        else:
+            y = causal_attention(q, k, v, p)
         return dropout(self.o_proj(y.transpose(1, 2).reshape(b, t, -1)), self.dropout, self.training)
 
 
