@@ -100,6 +100,10 @@ def render_markdown(rows: list, header: list) -> str:
                 "|---|---|---|---|---|---|"]
         out += [f"| {r['dims']} | {r['what']} | {r['median_ms'] / 1000:.1f} | {r['train_ms'] / 1000:.1f} "
                 f"({r['train_steps']}) | {r['overhead_ms'] / 1000:.1f} | {100 * r['overhead_share']:.1f}% |" for r in dag]
+        for r in (r for r in dag if r["cores"] == 1 and r.get("other_jobs_s")):
+            jobs = (item.split("=") for item in r["other_jobs_s"].split())
+            out += ["", f"The jobs other than training, {r['dims']} at --cores 1 (from snakemake's log, 1 s "
+                    "resolution, process start included): " + ", ".join(f"{rule} {s} s" for rule, s in jobs) + "."]
         out += ["", "One snakemake run of `all` from a fresh copy of the workflow (tokenizer, every training job, every "
                 "analysis job, report), with config.yaml and, for minimind2-small, presets/minimind2-small.yaml. "
                 "Training s = the sum of the training loops' own clocks (timing/*.json). "
