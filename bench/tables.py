@@ -118,7 +118,7 @@ def render_markdown(rows: list, header: list) -> str:
         out += [f"| {r['dims']} | {r['precision']} | {r['what']} | {r['peak_rss_mib'] * 2**20 / 1e6:.0f} "
                 f"| {r['ms_per_step']:.0f} |" for r in mem]
         out += ["", "run.py as the workflow runs it (config.yaml + the preset, 4 steps, threads 1), in its own "
-                "process; peak RSS from os.wait4 on that process (MB = 10⁶ bytes). The second allocator row pins "
+                "process; peak RSS = its VmHWM at exit (MB = 10⁶ bytes). The second allocator row pins "
                 "glibc's mmap threshold (MALLOC_MMAP_THRESHOLD_=131072): freed tensors go back to the kernel at "
                 "once, so the peak is what is live, and every step pays page faults for its activations again.", ""]
 
@@ -187,7 +187,7 @@ def targets_table(rows: list) -> str:
     mem = one("memory", dims=TARGET_DIMS, what="glibc default")
     if mem:
         add(f"peak RSS of a {TARGET_DIMS} training job, fp32 (GB)", mem["peak_rss_mib"] * 2**20 / 1e9, 1.1,
-            "e: os.wait4")
+            "e: the job's VmHWM")
     save = one("save", what="save_atomic")
     if save:
         add("durable atomic save ÷ plain torch.save", save["vs_torch_save"], 1.15, "c: ratio of medians")
