@@ -120,9 +120,10 @@ def main():
     write_csv(rows, args.out_csv)
     args.out_md.parent.mkdir(parents=True, exist_ok=True)
     args.out_md.write_text(render_markdown(rows, header))
+    targets = targets_table(rows)
     if args.out_targets:
-        args.out_targets.write_text(targets_table(rows))
-    print(f"bench: wrote {args.out_csv} and {args.out_md} after {elapsed:.0f} s", flush=True)
+        args.out_targets.write_text(targets)
+    print(f"bench: wrote {args.out_csv} and {args.out_md} after {elapsed:.0f} s; the targets:\n\n{targets}", flush=True)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,14 @@ def machine(rows: list) -> str:
     return next((r["what"] for r in rows if r["section"] == "machine"), "unknown machine")
 
 
+def section(title: str, columns: list, cells: list, footnote: str) -> list:
+    """A results.md section's lines: heading, table (one list of cells per row), footnote; none without rows."""
+    if not cells:
+        return []
+    return [f"## {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+            *("| " + " | ".join(row) + " |" for row in cells), "", footnote, ""]
+
+
 def render_markdown(rows: list, header: list) -> str:
     out = ["# Benchmark results", "", *header, ""]
 
@@ -111,39 +119,30 @@ def render_markdown(rows: list, header: list) -> str:
                 "imports (torch alone ≈ 1.7 s a process), tokenizer training, analysis jobs and snakemake. At "
                 "--cores 2 two jobs run side by side, so wall can fall below the summed training time.", ""]
 
-    mem = [r for r in rows if r["section"] == "memory"]
-    if mem:
-        out += ["## e. Peak resident memory of a training job", "",
-                "| config | precision | allocator | peak RSS MB | ms per step |", "|---|---|---|---|---|"]
-        out += [f"| {r['dims']} | {r['precision']} | {r['what']} | {r['peak_rss_mib'] * 2**20 / 1e6:.0f} "
-                f"| {r['ms_per_step']:.0f} |" for r in mem]
-        out += ["", "run.py as the workflow runs it (config.yaml + the preset, 4 steps, threads 1), in its own "
-                "process; peak RSS = its VmHWM at exit (MB = 10⁶ bytes). The second allocator row pins "
-                "glibc's mmap threshold (MALLOC_MMAP_THRESHOLD_=131072): freed tensors go back to the kernel at "
-                "once, so the peak is what is live, and every step pays page faults for its activations again.", ""]
-
-    prof = [r for r in rows if r["section"] == "profile"]
-    if prof:
-        out += ["## f. Where a step's time goes (torch.profiler, self CPU time of each operator, grouped)", "",
-                "| precision | part | ms per step | share |", "|---|---|---|---|"]
-        out += [f"| {r['precision']} | {r['what']} | {r['ms_per_step']:.0f} | {100 * r['share']:.0f}% |" for r in prof]
-        out += ["", f"Our step at {TARGET_DIMS} dims, 1 thread, batch 8 × 128, after one warm-up step; operators "
-                "grouped by name (bench/op_profile.py: PARTS). matmul = aten::mm/addmm/bmm; AdamW = the fused "
-                "kernel or the for-loop's per-parameter ops; dtype casts = autocast's copies.", ""]
-
-    opt = [r for r in rows if r["section"] == "options"]
-    if opt:
-        out += ["## g. The step's options against the configured step", "",
-                "| precision | option | ms | ÷ configured (paired) | compile s |", "|---|---|---|---|---|"]
-        out += [f"| {r['precision']} | {r['what']} | {ms_cell(r, '.0f')} | **{r['vs_configured_paired']:.3f}** "
-                f"| {fmt(r.get('compile_s'))} |" for r in opt]
-        out += ["", f"Our step at {TARGET_DIMS} dims, 1 thread, with config.yaml's settings (configured) and with "
-                "one setting changed, all holding the same weights, run round-robin; < 1 = the option is faster. "
-                "torch.compile compiles the model (default mode) on its first call, timed apart; a second run "
-                "on the same machine finds inductor's cache warm and compiles much faster.", ""]
+    out += section("e. Peak resident memory of a training job",
+                   ["config", "precision", "allocator", "peak RSS MB", "ms per step"],
+                   [[r["dims"], r["precision"], r["what"], f"{r['peak_rss_mib'] * 2**20 / 1e6:.0f}",
+                     f"{r['ms_per_step']:.0f}"] for r in rows if r["section"] == "memory"],
+                   "run.py as the workflow runs it (config.yaml + the preset, 4 steps, threads 1), in its own "
+                   "process; peak RSS = its VmHWM at exit (MB = 10⁶ bytes). The second allocator row pins "
+                   "glibc's mmap threshold (MALLOC_MMAP_THRESHOLD_=131072): freed tensors go back to the kernel at "
+                   "once, so the peak is what is live, and every step pays page faults for its activations again.")
+    out += section("f. Where a step's time goes (torch.profiler, self CPU time of each operator, grouped)",
+                   ["precision", "part", "ms per step", "share"],
+                   [[r["precision"], r["what"], f"{r['ms_per_step']:.0f}", f"{100 * r['share']:.0f}%"]
+                    for r in rows if r["section"] == "profile"],
+                   f"Our step at {TARGET_DIMS} dims, 1 thread, batch 8 × 128, after one warm-up step; operators "
+                   "grouped by name (bench/op_profile.py: PARTS). matmul = aten::mm/addmm/bmm; AdamW = the fused "
+                   "kernel or the for-loop's per-parameter ops; dtype casts = autocast's copies.")
+    out += section("g. The step's options against the configured step",
+                   ["precision", "option", "ms", "÷ configured (paired)", "compile s"],
+                   [[r["precision"], r["what"], ms_cell(r, ".0f"), f"**{r['vs_configured_paired']:.3f}**",
+                     fmt(r.get("compile_s"))] for r in rows if r["section"] == "options"],
+                   f"Our step at {TARGET_DIMS} dims, 1 thread, with config.yaml's settings (configured) and with "
+                   "one setting changed, all holding the same weights, run round-robin; < 1 = the option is faster. "
+                   "torch.compile compiles the model (default mode) on its first call, timed apart; a second run "
+                   "on the same machine finds inductor's cache warm and compiles much faster.")
     return "\n".join(out) + "\n"
-
-
 
 
 def targets_table(rows: list) -> str:

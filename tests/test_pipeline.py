@@ -154,7 +154,8 @@ def test_report_has_the_three_sections_and_generated_numbers(pipeline):
 def test_settings_files_hold_the_merged_overlay(pipeline):
     resolved = yaml.safe_load((pipeline / "settings" / "resume.yaml").read_text())
     assert resolved["steps"] == TINY["steps"]
-    assert resolved["model"] == {**TINY["model"], "arch": "minimind2", "dropout": 0.0}  # and config.yaml's
+    # and config.yaml's model keys the overlay leaves alone
+    assert resolved["model"] == {**TINY["model"], "arch": "minimind2", "dropout": 0.0, "flash_attn": True}
     assert resolved["seed"] == 7 and resolved["lr"] == 3e-3  # untouched keys come from config.yaml
     assert resolved["stop_at"] == TINY["stop_at"]
     assert "stop_at" not in yaml.safe_load((pipeline / "settings" / "straight.yaml").read_text())
