@@ -72,34 +72,26 @@ def render_markdown(rows: list, header: list) -> str:
                 "% matmul = the step's GFLOP/s over the matmul rate of section b at the same precision and "
                 "thread count.", ""]
 
-    mm = [r for r in rows if r["section"] == "matmul"]
-    if mm:
-        out += ["## b. Matmul rate", "", "| matmul | precision | threads | ms | GFLOP/s |", "|---|---|---|---|---|"]
-        out += [f"| {r['what']} | {r['precision']} | {r['threads']} | {ms_cell(r, '.2f')} "
-                f"| {r['gflops']:.1f} |" for r in mm]
-        out += ["", "GFLOP/s = 2·n³ / median time; bf16 operands are bfloat16 tensors (what autocast feeds "
-                "the matmuls), fp32 accumulation as the library does it.", ""]
-
-    io = [r for r in rows if r["section"] in ("save", "load")]
-    if io:
-        out += ["## c. Checkpoint I/O (resume file: model + AdamW state)", "",
-                "| operation | dims | MB | ms | MB/s | ÷ torch.save | ÷ dd fsync | ÷ same without mmap |",
-                "|---|---|---|---|---|---|---|---|"]
-        for r in io:
-            out.append(f"| {r['what']} | {r['dims']} | {r['mb']:.0f} | {ms_cell(r)} "
-                       f"| {r['mb_per_s']:.0f} | {fmt(r.get('vs_torch_save'), '.2f')} "
-                       f"| {fmt(r.get('vs_dd_fsync'), '.2f')} | {fmt(r.get('vs_no_mmap'), '.3f')} |")
-        out += ["",
-                "save_atomic = mmkit.checkpoint.save_atomic (write PATH.tmp, asking the kernel to start writeback every "
-                "8 MB as it goes, flush, fsync, os.replace, fsync the "
-                "directory): durable. torch_save = torch.save(obj, path): returns once the bytes are in the page "
-                "cache, NOT durable. dd_fsync = `dd if=/dev/zero bs=1M count=<file size in MiB, rounded> conv=fsync`, "
-                "the time dd reports: the disk's raw durable write rate; ÷ dd fsync compares time per byte. "
-                "All three ran round-robin. Before every timed write the old file is removed and "
-                "`os.sync()` flushes earlier writes (untimed), so no write pays for another's dirty pages. "
-                "Loads are `torch.load(map_location='cpu', weights_only=True[, mmap=True])` of the file just "
-                "written, so from a warm page cache, at 1 torch thread; with mmap the bytes are read lazily, so `+read` also sums "
-                "every tensor once (the cost a training step would then pay).", ""]
+    out += section("b. Matmul rate", ["matmul", "precision", "threads", "ms", "GFLOP/s"],
+                   [[r["what"], r["precision"], str(r["threads"]), ms_cell(r, ".2f"), f"{r['gflops']:.1f}"]
+                    for r in rows if r["section"] == "matmul"],
+                   "GFLOP/s = 2·n³ / median time; bf16 operands are bfloat16 tensors (what autocast feeds "
+                   "the matmuls), fp32 accumulation as the library does it.")
+    out += section("c. Checkpoint I/O (resume file: model + AdamW state)",
+                   ["operation", "dims", "MB", "ms", "MB/s", "÷ torch.save", "÷ dd fsync", "÷ same without mmap"],
+                   [[r["what"], r["dims"], f"{r['mb']:.0f}", ms_cell(r), f"{r['mb_per_s']:.0f}",
+                     fmt(r.get("vs_torch_save"), ".2f"), fmt(r.get("vs_dd_fsync"), ".2f"),
+                     fmt(r.get("vs_no_mmap"), ".3f")] for r in rows if r["section"] in ("save", "load")],
+                   "save_atomic = mmkit.checkpoint.save_atomic (write PATH.tmp, asking the kernel to start writeback "
+                   "every 8 MB as it goes, flush, fsync, os.replace, fsync the "
+                   "directory): durable. torch_save = torch.save(obj, path): returns once the bytes are in the page "
+                   "cache, NOT durable. dd_fsync = `dd if=/dev/zero bs=1M count=<file size in MiB, rounded> "
+                   "conv=fsync`, the time dd reports: the disk's raw durable write rate; ÷ dd fsync compares time "
+                   "per byte. All three ran round-robin. Before every timed write the old file is removed and "
+                   "`os.sync()` flushes earlier writes (untimed), so no write pays for another's dirty pages. "
+                   "Loads are `torch.load(map_location='cpu', weights_only=True[, mmap=True])` of the file just "
+                   "written, so from a warm page cache, at 1 torch thread; with mmap the bytes are read lazily, so "
+                   "`+read` also sums every tensor once (the cost a training step would then pay).")
 
     dag = [r for r in rows if r["section"] == "dag"]
     if dag:
