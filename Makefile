@@ -31,11 +31,12 @@ lint: $(BIN)/.test
 	$(RUN) snakemake --lint
 	$(RUN) snakefmt --check Snakefile workflow/rules
 
-# copy the default run's results tables and the latest benchmark targets into README.md
+# copy the default run's results tables and the latest benchmark targets into README.md and docs/*.md
+# (each block lives in one of them; update_readme.py finds which)
 readme: results
 	$(RUN) snakemake --cores all dist
 	$(RUN) snakemake --cores all --configfile config.yaml presets/minimind-parity.yaml
-	$(BIN)/python workflow/scripts/update_readme.py README.md results=results/summary.md \
+	$(BIN)/python workflow/scripts/update_readme.py README.md docs/*.md results=results/summary.md \
 		settings=results/settings.md dist=results/dist/summary.md bench=bench/targets.md \
 		parity=results/minimind-parity/summary.md
 

@@ -164,10 +164,15 @@ def test_settings_files_hold_the_merged_overlay(pipeline):
 def test_summary_table_is_what_the_readme_block_is_filled_with(pipeline, tmp_path):
     from conftest import REPO, run_script
 
+    # as make readme calls it: README.md and docs/*.md, the block found in the one file that holds it
     readme = tmp_path / "README.md"
     readme.write_text((REPO / "README.md").read_text())
-    proc = run_script("update_readme.py", readme, f"results={pipeline / 'summary.md'}")
+    docs = {tmp_path / p.name: p.read_bytes() for p in (REPO / "docs").glob("*.md")}
+    for path, text in docs.items():
+        path.write_bytes(text)
+    proc = run_script("update_readme.py", readme, *docs, f"results={pipeline / 'summary.md'}")
     assert proc.returncode == 0, proc.stderr
+    assert {path: path.read_bytes() for path in docs} == docs
     block = readme.read_text().split("<!-- results:start -->\n")[1].split("<!-- results:end -->")[0]
     assert block == (pipeline / "summary.md").read_text()
     fp16 = json.loads((pipeline / "fp16.json").read_text())
