@@ -12,7 +12,7 @@
 # And with several ranks (snakemake --cores 2 dist; part of all with dist: true): the same cut under
 # torchrun, DDP and FSDP2, and continued on another number of ranks, in OUTDIR/dist/ (rules/dist.smk).
 #
-# Each job reads only the config keys its rule declares (READS in workflow/rules/common.smk), from
+# Each job reads only the config keys its rule declares (READS in workflow/rules/config.smk), from
 # OUTDIR/settings/<rule>.yaml: a changed setting reruns exactly the jobs that read it, and what follows.
 
 from snakemake.utils import min_version
@@ -26,11 +26,14 @@ configfile: "config.yaml"
 report: "workflow/report/workflow.rst"
 
 
-include: "workflow/rules/common.smk"
+include: "workflow/rules/config.smk"  # the config checked, data paths, what each rule reads (READS)
+include: "workflow/rules/code.smk"  # the modules each script imports: its jobs' code inputs
+include: "workflow/rules/resources.smk"  # what each job asks a cluster for
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/dist.smk"
 include: "workflow/rules/analysis.smk"
+include: "workflow/rules/settings.smk"  # after dist.smk, whose rank layouts add to READS
 include: "workflow/rules/bench.smk"
 
 

@@ -3,7 +3,7 @@
 
 rule fp16:
     input:
-        code=package("config", "model", "data", "train", "checkpoint"),
+        code=code_inputs(SCRIPTS / "half_precision.py"),
         script=SCRIPTS / "half_precision.py",
         settings=settings("fp16"),
         weights=rules.straight.output.weights,
@@ -36,7 +36,7 @@ use rule fp16 as bf16 with:
 
 rule inference:
     input:
-        code=package("config", "model", "checkpoint", "export"),
+        code=code_inputs(SCRIPTS / "export_inference.py"),
         script=SCRIPTS / "export_inference.py",
         settings=settings("inference"),
         weights=rules.straight.output.weights,
@@ -58,9 +58,9 @@ rule inference:
 
 rule optim:
     input:
-        code=package("checkpoint"),
+        code=code_inputs(SCRIPTS / "optim_counts.py"),
         script=SCRIPTS / "optim_counts.py",
-        resume=rules.resume.output.resume,
+        resume=rules.resume.output.weights,
     output:
         f"{OUT}/optim.json",
     log:
@@ -86,7 +86,7 @@ TRAINING_RUNS = ["straight", "resume"] + VARIANTS
 
 rule divergence:
     input:
-        code=package("config", "model", "data", "train", "checkpoint", "report"),
+        code=code_inputs(SCRIPTS / "divergence.py"),
         script=SCRIPTS / "divergence.py",
         settings=settings("divergence"),
         val=VAL_TOKENS,
@@ -121,7 +121,7 @@ rule divergence:
 
 rule plots:
     input:
-        code=package("report", "plots"),
+        code=code_inputs(SCRIPTS / "plots.py"),
         script=SCRIPTS / "plots.py",
         logs=expand("{out}/{run}_log.csv", out=OUT, run=TRAINING_RUNS),
     output:
@@ -146,9 +146,9 @@ rule plots:
 
 rule report:
     input:
-        code=package("checkpoint", "report"),
+        code=code_inputs(SCRIPTS / "report.py"),
         script=SCRIPTS / "report.py",
-        resume=rules.resume.output.resume,
+        resume=rules.resume.output.weights,
         divergence=rules.divergence.output,
         fp16=rules.fp16.output.json,
         bf16=rules.bf16.output.json,

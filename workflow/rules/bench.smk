@@ -4,9 +4,11 @@
 
 rule bench:
     input:
-        code=package("model", "train", "checkpoint", "hardware"),
+        code=code_inputs("bench/bench.py"),  # its sections, and the package's modules they import
         script="bench/bench.py",
-        sections=sorted(glob.glob("bench/*.py")),
+        # bench/memory.py times run.py in its own process
+        run=RUN,
+        run_code=code_inputs(RUN),
     output:
         csv=f"{OUT}/bench/results.csv",
         md=f"{OUT}/bench/results.md",

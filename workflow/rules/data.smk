@@ -1,47 +1,9 @@
-# Each job's settings file: the config keys its rule declares in READS, and nothing else.
-
-
-rule settings:
-    input:
-        code=package(),
-        script=SCRIPTS / "write_text.py",
-    output:
-        f"{OUT}/settings/{{name}}.yaml",
-    log:
-        f"{OUT}/logs/settings/{{name}}.log",
-    wildcard_constraints:
-        name="|".join(READS),
-    localrule: True
-    conda:
-        ENV
-    params:
-        # a param: Snakemake reruns this job when one of its values changes, and so the jobs reading it
-        text=lambda w: yaml.safe_dump(settings_values(w.name), sort_keys=False),
-    shell:
-        "python {input.script} {output} {params.text:q} 2> {log}"
-
-
-# which settings rerun which rules: the README's table, generated from READS and the rules' inputs
-rule settings_table:
-    input:
-        code=package(),
-        script=SCRIPTS / "write_text.py",
-    output:
-        f"{OUT}/settings.md",
-    log:
-        f"{OUT}/logs/settings_table.log",
-    localrule: True
-    conda:
-        ENV
-    params:
-        text=lambda w: settings_table(),
-    shell:
-        "python {input.script} {output} {params.text:q} 2> {log}"
+# The corpus as tokens: the tokenizer, the train and val token files, and MiniMind's JSONL documents.
 
 
 rule tokenize:
     input:
-        code=package("config", "data", "checkpoint"),
+        code=code_inputs(SCRIPTS / "prepare_data.py"),
         script=SCRIPTS / "prepare_data.py",
         settings=settings("tokenize"),
         # the user's tokenizer.json (data.tokenizer), when named: its content, not only its name, matters

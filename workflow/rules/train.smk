@@ -1,13 +1,23 @@
 # Every training artifact is one call of run.py: the same model, optimizer, data and loop.
 
 RUN = SCRIPTS / "run.py"
-LAUNCH = launch(config["parallel"]["world_size"])
+
+
+# straight, resume and resumed (and its ablations) differ only in params, bound when each rule is defined:
+# the shell string is filled in when the job runs. flags: to the end, --stop-at (save the resume file
+# after stop_at steps), or --resume from one; ablation: the piece of the resume file thrown away or
+# damaged. --out is the output named weights: the weights, or the resume file (as in dist.smk).
+TRAIN_SHELL = (
+    f"{launch(config['parallel']['world_size'])} {{input.script}} --config {{input.settings}}"
+    f" {TRAIN_DATA_ARGS} {{params.flags}} {{params.ablation}} --out {{output.weights}}"
+    " --loss-log {output.log} --timing {output.timing} --checkpoint-dir {params.checkpoints} 2> {log}"
+)
 
 
 rule straight:
     input:
         **TRAIN_DATA,
-        code=TRAINING_CODE,
+        code=code_inputs(RUN),
         script=RUN,
         settings=settings("straight"),
     output:
@@ -23,20 +33,20 @@ rule straight:
         **TRAINING_RESOURCES,
     params:
         checkpoints=checkpoint_dir,
+        flags="",
+        ablation="",
     shell:
-        f"{LAUNCH} {{input.script}} --config {{input.settings}} {TRAIN_DATA_ARGS}"
-        " --out {output.weights} --loss-log {output.log} --timing {output.timing}"
-        " --checkpoint-dir {params.checkpoints} 2> {log}"
+        TRAIN_SHELL
 
 
 rule resume:
     input:
         **TRAIN_DATA,
-        code=TRAINING_CODE,
+        code=code_inputs(RUN),
         script=RUN,
         settings=settings("resume"),
     output:
-        resume=f"{OUT}/resume.pth",
+        weights=f"{OUT}/resume.pth",  # the resume file: the weights and all a resume needs besides
         log=f"{OUT}/resume_log.csv",
         timing=f"{OUT}/timing/resume.json",
     log:
@@ -48,19 +58,19 @@ rule resume:
         **TRAINING_RESOURCES,
     params:
         checkpoints=checkpoint_dir,
+        flags="--stop-at",
+        ablation="",
     shell:
-        f"{LAUNCH} {{input.script}} --config {{input.settings}} {TRAIN_DATA_ARGS} --stop-at"
-        " --out {output.resume} --loss-log {output.log} --timing {output.timing}"
-        " --checkpoint-dir {params.checkpoints} 2> {log}"
+        TRAIN_SHELL
 
 
 rule resumed:
     input:
         **TRAIN_DATA,
-        code=TRAINING_CODE,
+        code=code_inputs(RUN),
         script=RUN,
         settings=settings("resumed"),
-        resume=rules.resume.output.resume,
+        resume=rules.resume.output.weights,
     output:
         weights=f"{OUT}/resumed.pth",
         log=f"{OUT}/resumed_log.csv",
@@ -73,12 +83,11 @@ rule resumed:
     resources:
         **TRAINING_RESOURCES,
     params:
-        ablation="",
         checkpoints=checkpoint_dir,
+        flags=lambda w, input: f"--resume {input.resume}",
+        ablation="",
     shell:
-        f"{LAUNCH} {{input.script}} --config {{input.settings}} {TRAIN_DATA_ARGS} --resume {{input.resume}}"
-        " {params.ablation} --out {output.weights} --loss-log {output.log} --timing {output.timing}"
-        " --checkpoint-dir {params.checkpoints} 2> {log}"
+        TRAIN_SHELL
 
 
 # The ablations: resume with one piece of the resume file thrown away or damaged.
@@ -119,9 +128,9 @@ use rule resumed as nosched with:
 
 rule resume_fp16:
     input:
-        code=package("checkpoint"),
+        code=code_inputs(SCRIPTS / "halve_resume.py"),
         script=SCRIPTS / "halve_resume.py",
-        resume=rules.resume.output.resume,
+        resume=rules.resume.output.weights,
     output:
         f"{OUT}/resume_fp16.pth",
     log:
@@ -137,7 +146,7 @@ rule resume_fp16:
 use rule resumed as halfresume with:
     input:
         **TRAIN_DATA,
-        code=TRAINING_CODE,
+        code=code_inputs(RUN),
         script=RUN,
         settings=settings("resumed"),
         resume=rules.resume_fp16.output,

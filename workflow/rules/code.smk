@@ -1,0 +1,76 @@
+# What code each job runs: its script, the local modules the script imports, and how a training job is
+# started. The modules are declared as the job's inputs, so that editing one reruns exactly the jobs
+# whose scripts import it, and what follows.
+
+import ast
+from functools import cache
+
+
+def code_inputs(script):
+    """The local modules SCRIPT imports, directly or through one another, found in their source when the
+    DAG is parsed (a new module in the package needs no list kept by hand). Local: the package's modules
+    under workflow/scripts, each package's __init__.py on the way, and modules beside the script.
+    Imports inside functions count: they run too.
+    """
+    script = Path(script)
+    # a copy of the workflow without bench/: the rule's script input says what is missing
+    if not script.is_file():
+        return []
+    # where `python script` finds them: the script's folder, then sys.path (mmkit's folder)
+    roots = (script.parent, SCRIPTS)
+    found, todo = {}, [(script, "__main__")]
+    while todo:
+        for path, module in imported_files(*todo.pop(), roots):
+            if path not in found:
+                found[path] = module
+                todo.append((path, module))
+    return sorted(str(path) for path in found if path != script)
+
+
+@cache
+def imported_files(path, module, roots):
+    """(file, module name) of each local module that the source of PATH (module MODULE) imports."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # from .x import y: relative to the package holding PATH
+                parent = package.rsplit(".", node.level - 1)[0]
+                base = f"{parent}.{base}" if base else parent
+            names.append(base)
+            # from mmkit import data: a module, not a name defined in mmkit/__init__.py
+            names += [f"{base}.{alias.name}" for alias in node.names]
+    return [found for name in names for found in module_files(name, roots)]
+
+
+def module_files(name, roots):
+    """(file, module name) of the module NAME and of each package above it, from the first root holding
+    its top package; none for a module that is not local (torch, a name imported from a module).
+    """
+    parts = name.split(".")
+    for root in roots:
+        if not ((root / parts[0]).is_dir() or (root / f"{parts[0]}.py").is_file()):
+            continue
+        files = []
+        for i in range(1, len(parts) + 1):
+            stem = root.joinpath(*parts[:i])
+            if (stem / "__init__.py").is_file():
+                files.append((stem / "__init__.py", ".".join(parts[:i])))
+            elif stem.with_suffix(".py").is_file():
+                files.append((stem.with_suffix(".py"), ".".join(parts[:i])))
+                break
+            else:
+                break
+        return files
+    return []
+
+
+def launch(world_size):
+    """How a training job starts: one plain process, or torchrun's ranks (never a home-made spawner)."""
+    if world_size == 1:
+        return "python"
+    # OMP_NUM_THREADS silences torchrun's warning; each rank sets its own torch threads from the config
+    return f"OMP_NUM_THREADS={config['threads']} torchrun --standalone --nproc-per-node {world_size}"
