@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from filelock import FileLock
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "workflow" / "scripts"
@@ -149,21 +150,55 @@ def run_script(name: str, *args, cwd=None):
 
 
 @pytest.fixture(scope="session")
-def pipeline(tmp_path_factory) -> Path:
-    """The whole DAG run once, on the tiny overlay; returns the results directory.
+def pristine_pipeline(tmp_path_factory) -> Path:
+    """The whole DAG run once per test run, on the tiny overlay; returns its folder, which no test may change
+    (copy it: the `pipeline` fixture does).
 
-    MMKIT_SHARED_PIPELINE names one already built (by tests/mutants.py, for breakages whose tests only
-    read the pipeline's inputs): it is copied, not rebuilt.
+    Under pytest-xdist the workers share one build: the first to get here builds it in the session's folder
+    that all workers share (the parent of each worker's basetemp), under a file lock; the others wait and
+    find it done. MMKIT_SHARED_PIPELINE names one already built (by tests/mutants.py, with the unbroken code);
+    with MMKIT_SHARED_PIPELINE_UPDATE=1 a copy of it is brought up to date with the code under test instead
+    (snakemake reruns the jobs whose code is newer: the broken file's).
     """
     shared = os.environ.get("MMKIT_SHARED_PIPELINE")
-    if shared:
-        work = tmp_path_factory.mktemp("workflow") / "copy"
+    if shared and os.environ.get("MMKIT_SHARED_PIPELINE_UPDATE"):
+        work = tmp_path_factory.mktemp("updated") / "copy"
         shutil.copytree(shared, work, symlinks=True)
-        copy_workflow(work)  # the code under test over it: a job a test asks snakemake for runs with that code
-        return work / "results"
-    work = copy_workflow(tmp_path_factory.mktemp("workflow"))
-    (work / "tiny.yaml").write_text(yaml.safe_dump({**TINY, "outdir": "results"}))
-    snakemake(work)
+        copy_workflow(work)
+        snakemake(work)
+        return work
+    if shared:
+        return Path(shared)
+    base = tmp_path_factory.getbasetemp()
+    # without xdist the parent is shared with other pytest runs: then the build is this run's own
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    work, built, failed = root / "pipeline", root / "pipeline.built", root / "pipeline.failed"
+    with FileLock(root / "pipeline.lock"):
+        if failed.exists():
+            raise AssertionError(failed.read_text())
+        if not built.exists():
+            copy_workflow(work)
+            (work / "tiny.yaml").write_text(yaml.safe_dump({**TINY, "outdir": "results"}))
+            try:
+                snakemake(work)
+            except AssertionError as e:
+                failed.write_text(str(e))
+                raise
+            built.touch()
+    return work
+
+
+@pytest.fixture(scope="session")
+def pipeline(pristine_pipeline, tmp_path_factory) -> Path:
+    """This worker's copy of the tiny pipeline, which its tests may add to (dist/ targets, report.html);
+    returns the results directory.
+
+    The copy keeps mtimes and snakemake's records, so a job a test asks snakemake for reruns only if the code
+    under test is newer than the build (tests/mutants.py's broken file is): copy_workflow puts that code in.
+    """
+    work = tmp_path_factory.mktemp("workflow") / "copy"
+    shutil.copytree(pristine_pipeline, work, symlinks=True)
+    copy_workflow(work)
     return work / "results"
 
 

@@ -1,9 +1,9 @@
 """A config change reruns exactly the jobs whose outputs it changes: never fewer (a stale artifact that
 looks finished), never more (a wasted training run).
 
-For each key: build with the old value, take the dry run's plan for the new value, build incrementally,
-build from scratch in another folder, and compare every output byte for byte (logs, timings and the
-report's wall-time line aside).
+For each key: take the tiny pipeline (the old value: built once per test run and shared), the dry run's
+plan for the new value, build incrementally in a copy of it, build from scratch in another folder, and
+compare every output byte for byte (logs, timings and the report's wall-time line aside).
 """
 
 import re
@@ -14,21 +14,12 @@ import pytest
 import yaml
 from conftest import REPO, copy_workflow, snakemake
 
-SMALL = {
-    "outdir": "results",
-    "steps": 6,
-    "stop_at": 3,
-    "batch_size": 2,
-    "seq_len": 16,
-    "model": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-              "vocab_size": 320},
-}
 # One key per group of the settings table: the keys of a group are read by the same jobs, which the next
 # test checks by construction for every key, so one of them stands for the group (threads for lr, seed,
 # steps and every other training key).
 CHANGES = {
     "stop_at": {"stop_at": 2},
-    "model.num_hidden_layers": {"model": {"num_hidden_layers": 2}},
+    "model.num_hidden_layers": {"model": {"num_hidden_layers": 1}},  # TINY has 2
     "data.val_fraction": {"data": {"val_fraction": 0.2}},
     "threads": {"threads": 2},
 }
@@ -79,28 +70,28 @@ def build(work, *configfiles, args=()):
 
 
 @pytest.fixture(scope="module")
-def old_build(tmp_path_factory):
-    work = copy_workflow(tmp_path_factory.mktemp("old"))
-    (work / "small.yaml").write_text(yaml.safe_dump(SMALL))
-    build(work, "small.yaml")
-    return work
+def old_build(pristine_pipeline):
+    """The tiny pipeline, as built by config.yaml + tiny.yaml (read only: the test builds in copies). It was a
+    build of its own, of a smaller overlay: the process starts, not the model's size, set its time."""
+    return pristine_pipeline
 
 
 @pytest.mark.parametrize("key", CHANGES)
 def test_a_changed_setting_reruns_exactly_the_jobs_it_changes(old_build, tmp_path, key):
     change = yaml.safe_dump(CHANGES[key])
     scratch = copy_workflow(tmp_path / "scratch")
-    (scratch / "small.yaml").write_text(yaml.safe_dump(SMALL))
+    (scratch / "tiny.yaml").write_text((old_build / "tiny.yaml").read_text())
     (scratch / "change.yaml").write_text(change)
     incremental = tmp_path / "incremental"
     shutil.copytree(old_build, incremental, symlinks=True)  # copy2 keeps mtimes, .snakemake keeps the record
+    copy_workflow(incremental)  # the code under test (the same bytes and mtimes, but for tests/mutants.py's)
     (incremental / "change.yaml").write_text(change)
 
     # the from-scratch build runs beside the plan and the incremental build: one build alone leaves a core idle
     with ThreadPoolExecutor(1) as pool:
-        from_scratch = pool.submit(build, scratch, "small.yaml", "change.yaml")
-        plan = planned(build(incremental, "small.yaml", "change.yaml", args=("-n",)))
-        build(incremental, "small.yaml", "change.yaml")
+        from_scratch = pool.submit(build, scratch, "tiny.yaml", "change.yaml")
+        plan = planned(build(incremental, "tiny.yaml", "change.yaml", args=("-n",)))
+        build(incremental, "tiny.yaml", "change.yaml")
         from_scratch.result()
 
     old, new, fresh = (outputs(w / "results") for w in (old_build, incremental, scratch))
