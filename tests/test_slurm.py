@@ -95,9 +95,11 @@ def test_the_dag_on_slurm_survives_usr1_and_a_requeue_and_equals_a_local_build(c
     """Catches: a profile or rule that does not run on SLURM, a preempted job that does not checkpoint, a
     retry or requeue that starts over wrongly or loses the checkpoint, any artifact that differs from a
     local build."""
+    # the local build, to compare with, runs beside the SLURM DAG: that one mostly waits on the scheduler
     local = workdir(tmp_path / "local")
-    proc = subprocess.run(snakemake_cmd("--cores", "2"), cwd=local, capture_output=True, text=True, env=clean_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(tmp_path / "local.log", "w") as log:  # a file, not a pipe: nobody reads it until the end
+        local_build = subprocess.Popen(snakemake_cmd("--cores", "2"), cwd=local, stdout=log, stderr=log,
+                                       env=clean_env(), start_new_session=True)
 
     work = workdir(tmp_path / "slurm")
     t0 = time.monotonic()
@@ -116,9 +118,11 @@ def test_the_dag_on_slurm_survives_usr1_and_a_requeue_and_equals_a_local_build(c
         time.sleep(0.2)
     if dag.poll() is None:
         os.killpg(dag.pid, 9)
+        os.killpg(local_build.pid, 9)
         pytest.fail(f"the SLURM DAG did not finish in {DAG_TIMEOUT_S} s")
     output = dag.stdout.read()
     seconds = time.monotonic() - t0
+    assert local_build.wait(timeout=DAG_TIMEOUT_S) == 0, (tmp_path / "local.log").read_text()[-3000:]
     assert dag.returncode == 0, output[-4000:]
     assert preempted.keys() == plan.keys(), f"caught running: {preempted}\n{output[-2000:]}"
 
