@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -49,6 +50,15 @@ def build(pipeline):
 def dist(build) -> Path:
     """All of dist/ (snakemake dist)."""
     return build("divergence.csv")
+
+
+def dist_settings(pipeline: Path, run: str) -> Path:
+    """The settings file of dist/ run RUN (snakemake writes it with the first job that reads it: a test that
+    runs alone, as tests/mutants.py runs them, asks for it here rather than rely on an earlier test)."""
+    path = pipeline / "settings" / f"dist_{run}.yaml"
+    if not path.exists():
+        snakemake(pipeline.parent, f"results/settings/{path.name}")
+    return path
 
 
 def weights(dist: Path, run: str) -> dict:
@@ -122,7 +132,7 @@ def test_world_size_1_through_every_switch_that_is_off_equals_the_plain_run(pipe
 
 def resume_on_one_rank(pipeline, resume, out, *extra):
     """Continue RESUME in one plain process with the dist one_rank layout (the 2 -> 1 path)."""
-    return run_script("run.py", "--config", pipeline / "settings" / "dist_one_rank.yaml",
+    return run_script("run.py", "--config", dist_settings(pipeline, "one_rank"),
                       "--tokens", pipeline / "data" / "train.npy", "--resume", resume, "--out", out, *extra)
 
 
@@ -205,6 +215,57 @@ def test_a_metadata_pickle_that_runs_code_is_refused(build, pipeline, tmp_path):
     assert marker.exists()
 
 
+def test_the_dcp_reader_refuses_a_metadata_pickle_that_runs_code(tmp_path):
+    """Catches: the reader DCP loads through (_SafeReader.read_metadata) unpickling .metadata with pickle.load.
+    The test above never gets that far (read_resume_dir refuses the file first), so this one calls it directly."""
+    from mmkit.errors import UserError
+    from mmkit.sharded import _SafeReader
+
+    marker = tmp_path / "marker"
+    d = tmp_path / "resume.dcp"
+    d.mkdir()
+    (d / ".metadata").write_bytes(pickle.dumps(_Marker(marker)))
+    try:
+        _SafeReader(str(d)).read_metadata()
+        refusal = None
+    except Exception as e:  # noqa: BLE001 -- which exception it was is the next assertion's subject
+        refusal = e
+    assert not marker.exists(), "the .metadata's payload ran"
+    assert isinstance(refusal, UserError) and "refusing" in str(refusal), repr(refusal)
+
+
+def test_the_dcp_load_planner_refuses_a_value_pickle_that_runs_code(tmp_path):
+    """Catches: the non-tensor values of a DCP checkpoint (AdamW's lr, betas, ...) loaded by
+    _SafeLoadPlanner.load_bytes without weights_only; and a planner that refuses plain values too."""
+    import io
+
+    from mmkit.sharded import _SafeLoadPlanner
+
+    planner = _SafeLoadPlanner()
+    state = {"optimizer": {"lr": 0.0}}
+    planner.set_up_planner(state, None, False)
+    item = SimpleNamespace(dest_index=SimpleNamespace(fqn="optimizer.lr"))
+
+    def saved(value) -> io.BytesIO:
+        buf = io.BytesIO()
+        torch.save(value, buf)
+        buf.seek(0)
+        return buf
+
+    planner.load_bytes(item, saved(3e-3))
+    assert state["optimizer"]["lr"] == 3e-3  # a plain value still loads
+
+    marker = tmp_path / "marker"
+    try:
+        planner.load_bytes(item, saved(_Marker(marker)))
+        refusal = None
+    except Exception as e:  # noqa: BLE001
+        refusal = e
+    assert not marker.exists(), "the value's payload ran"
+    assert isinstance(refusal, pickle.UnpicklingError) and "Weights only load failed" in str(refusal), repr(refusal)
+    assert state["optimizer"]["lr"] == 3e-3
+
+
 # --- kills ----------------------------------------------------------------------------------------
 
 
@@ -229,7 +290,7 @@ def test_a_rank_killed_in_the_middle_of_a_dcp_save_leaves_the_previous_directory
     dist = build("fsdp2/resume.dcp")
     previous = shutil.copytree(dist / "fsdp2" / "resume.dcp", tmp_path / "resume.dcp")
     listing = {f.name: f.read_bytes() for f in previous.iterdir()}
-    args = ("--config", pipeline / "settings" / "dist_fsdp2_stop.yaml", "--tokens", pipeline / "data" / "train.npy",
+    args = ("--config", dist_settings(pipeline, "fsdp2_stop"), "--tokens", pipeline / "data" / "train.npy",
             "--stop-at", "--out", previous)
     proc = torchrun(*args, env={"MMKIT_FAILPOINT": "save:1"})
     assert proc.returncode != 0
@@ -248,7 +309,7 @@ def test_a_rank_killed_in_the_middle_of_a_dcp_save_leaves_the_previous_directory
 def test_a_rank_that_dies_mid_training_does_not_hang_the_others(pipeline, tmp_path):
     """Catches: a job that waits forever in a collective for a rank that is gone (no timeout, no teardown)."""
     t0 = time.monotonic()
-    proc = torchrun("--config", pipeline / "settings" / "dist_ddp.yaml", "--tokens", pipeline / "data" / "train.npy",
+    proc = torchrun("--config", dist_settings(pipeline, "ddp"), "--tokens", pipeline / "data" / "train.npy",
                     "--out", tmp_path / "o.pth", env={"MMKIT_FAILPOINT": "step2:1"}, timeout=150)
     assert proc.returncode != 0
     assert not (tmp_path / "o.pth").exists()
@@ -284,7 +345,7 @@ def test_a_resume_file_cannot_feed_an_fsdp2_run(build, pipeline, tmp_path):
     layout change this code cannot reshard): one error line, nothing written."""
     dist = build("ddp/resume.pth")
     out = tmp_path / "o.pth"
-    proc = torchrun("--config", pipeline / "settings" / "dist_fsdp2.yaml", "--tokens", pipeline / "data" / "train.npy",
+    proc = torchrun("--config", dist_settings(pipeline, "fsdp2"), "--tokens", pipeline / "data" / "train.npy",
                     "--resume", dist / "ddp" / "resume.pth", "--reshard", "--out", out)
     assert proc.returncode != 0
     errors = {line for line in proc.stderr.splitlines() if line.startswith("error:")}
