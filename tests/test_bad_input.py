@@ -150,6 +150,23 @@ def test_other_model_dims_even_with_override_name_the_shape(tiny_run, tmp_path):
                    out=tmp_path / "o.pth")
 
 
+def test_a_resume_file_with_halved_weights_is_refused_unless_allow_mismatch(tiny_run, tmp_path):
+    """halve_resume.py (the halfresume ablation's input): fp16 weights, fp32 AdamW state, and a fingerprint that
+    says so. Catches: weights left in fp32 (then the file contradicts its fingerprint and even --allow-mismatch
+    refuses it), the optimizer halved too, and a half-precision file resumed without a word."""
+    half = tmp_path / "resume_fp16.pth"
+    proc = run_script("halve_resume.py", "--resume", tiny_run["resume"], "--out", half)
+    assert proc.returncode == 0, proc.stderr
+    state = torch.load(half, weights_only=True)
+    assert {str(t.dtype) for t in state["model"].values()} == {"torch.float16"}
+    assert state["optimizer"]["state"][0]["exp_avg"].dtype == torch.float32  # only the weights were halved
+    assert state["fingerprint"]["weights_dtype"] == "float16"
+    assert_refused(resume_from(tiny_run, half, tmp_path / "o.pth"), "weights_dtype float16 in the file",
+                   "--allow-mismatch", out=tmp_path / "o.pth")
+    proc = resume_from(tiny_run, half, tmp_path / "o.pth", "--allow-mismatch")
+    assert proc.returncode == 0 and "not be bit-exact" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_failed_resume_leaves_an_existing_output_untouched(tiny_run, tmp_path):
     out = tmp_path / "o.pth"
     out.write_bytes(b"previous result")
