@@ -1,15 +1,27 @@
 """make mutants: break the code on purpose, one named breakage at a time, and check that a test catches it.
 
-For each breakage: copy the tracked files to a temporary folder, replace one snippet of one file (it must
-occur exactly once, so a refactor that moves it fails here loudly), run the tests named for it there, and
-count it caught when they fail. A tiny pipeline built once by the unbroken code is shared with breakages
-whose tests only read its inputs (tokens, settings, a resume file to edit); the others build their own.
+For each breakage: copy the tracked files to a temporary folder, replace one snippet inside one function of
+one file, run the tests named for it there, and count it caught when one of them fails on an assertion.
 
-  python tests/mutants.py            # every breakage; exit 1 if any is missed
+Measured against a baseline: the named tests first run on the unbroken code (once per distinct set of
+tests, all in one pytest run); a test that fails or skips there fails the whole check instead of counting as
+a catch. And only an assertion counts: a test that fails in its call phase on an AssertionError or a
+pytest.fail (pytest.raises' "DID NOT RAISE" included). A setup error (a fixture's traceback, a pipeline the
+broken code cannot build) or another exception in the test says only that something broke, not that a test
+checks it; such a breakage is reported MISSED with what did happen.
+
+A tiny pipeline built once by the unbroken code is shared with the baseline and every breakage: as is with
+those whose tests only read its inputs (tokens, settings, a resume file to edit), brought up to date by
+snakemake with the broken code (only the jobs that code feeds rerun) for the others.
+
+  python tests/mutants.py            # every breakage; exit 1 if any is missed or a baseline fails
   python tests/mutants.py -k digest  # those whose name contains 'digest'
+  python tests/mutants.py --list     # the table: name, where, tests
 """
 
 import argparse
+import ast
+import json
 import os
 import shutil
 import subprocess
@@ -20,6 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 M = "workflow/scripts/mmkit/"
 T = "tests/"
@@ -29,10 +43,11 @@ T = "tests/"
 class Breakage:
     name: str
     file: str
-    old: str
+    function: str  # "name", "Class.method" (or "outer.inner"), or "<module>" for the whole file
+    old: str  # occurs exactly once inside that function
     new: str
     tests: tuple
-    shared: bool = True  # the tests may read a pipeline built by the unbroken code
+    shared: bool = True  # False: the tests read artifacts the broken code builds (see below)
 
 
 CONTENTS = T + "test_resume_contents.py::test_resume_file_with_bad_contents_is_refused_naming_the_entry"
@@ -42,126 +57,197 @@ PRE = T + "test_preemption.py::"
 DIST = T + "test_dist.py::"
 MINIMIND = T + "test_minimind_path.py::"
 STEP = T + "test_step_options.py::"
+# One row per breakage: Breakage(name, file, function, old, new, tests, shared=True).
+#   function: where OLD lives, found with ast: "name", "Class.method", or "<module>" (the whole file). OLD must
+#             occur exactly once in that function's source, so a function moved within its file still matches,
+#             and a refactor that renames it or edits the snippet fails here loudly, before anything runs.
+#   tests:    pytest ids (a file, a test, or one parametrization); one of them must fail on an assertion.
+#   shared:   False when the tests read artifacts that the broken code would build differently: then they get
+#             a copy of the shared pipeline brought up to date by snakemake, which reruns the jobs whose code
+#             (the broken file) is newer than their outputs.
 BREAKAGES = [
     # checkpoint I/O
-    Breakage("atomic: no fsync of the file", M + "atomic.py", "            os.fsync(f.fileno())\n", "", (ORDER,)),
-    Breakage("atomic: no flush before the fsync", M + "atomic.py", "            f.flush()\n            os.fsync",
-             "            os.fsync", (ORDER,)),
-    Breakage("atomic: no fsync of the directory", M + "atomic.py", "    fsync_path(path.parent)  # the rename",
-             "    None  # the rename",
-             (ORDER,)),
-    Breakage("atomic: written in place, no .tmp", M + "atomic.py", 'tmp = path.with_name(path.name + ".tmp")',
-             "tmp = path", (ORDER,)),
-    Breakage("load: weights_only=False", M + "checkpoint.py", "weights_only=True)", "weights_only=False)",
+    Breakage("atomic: no fsync of the file", M + "atomic.py", "write_atomic", "            os.fsync(f.fileno())\n",
+             "", (ORDER,)),
+    Breakage("atomic: no flush before the fsync", M + "atomic.py", "write_atomic",
+             "            f.flush()\n            os.fsync", "            os.fsync", (ORDER,)),
+    Breakage("atomic: no fsync of the directory", M + "atomic.py", "write_atomic",
+             "    fsync_path(path.parent)  # the rename", "    None  # the rename", (ORDER,)),
+    Breakage("atomic: written in place, no .tmp", M + "atomic.py", "write_atomic",
+             'tmp = path.with_name(path.name + ".tmp")', "tmp = path", (ORDER,)),
+    Breakage("load: weights_only=False", M + "checkpoint.py", "load_file", "weights_only=True)",
+             "weights_only=False)",
              (T + "test_bad_input.py::test_pickle_that_would_run_code_is_refused_and_never_runs",)),
     # the loop and its resume path, the data position
-    Breakage("resume: generator state not restored", "workflow/scripts/run.py",
+    Breakage("resume: generator state not restored", "workflow/scripts/run.py", "load_into",
              '        batch_generator.set_state(state["gen_state"])', "        pass", (CHAIN,)),
-    Breakage("resume: optimizer state not loaded", "workflow/scripts/run.py",
+    Breakage("resume: optimizer state not loaded", "workflow/scripts/run.py", "load_into",
              '            optimizer.load_state_dict(state["optimizer"])', "            pass", (CHAIN,)),
-    Breakage("loop: LR from the step counted in this process", M + "train.py",
-             "lr = lr_at(micro - schedule_offset,", "lr = lr_at(micro - plan.consumed(first_step - 1) - schedule_offset,",
-             (CHAIN,)),
+    Breakage("loop: LR from the step counted in this process", M + "train.py", "train",
+             "lr = lr_at(micro - schedule_offset,",
+             "lr = lr_at(micro - plan.consumed(first_step - 1) - schedule_offset,", (CHAIN,)),
     Breakage("loop: no trailing step at an epoch's end (a window runs into the next epoch)", M + "data.py",
-             "min((window + 1) * a, m)", "(window + 1) * a", (MINIMIND + "test_the_steps_follow_minimind_accumulation_and_trailing_step",)),
-    Breakage("resume: the RNG state (dropout) not restored", "workflow/scripts/run.py",
-             '        set_global_rng_state(state["rng_state"])', "        pass", (MINIMIND + "test_resumed_equals_straight_with_2_and_with_0_workers",)),
-    Breakage("epoch order: consumed batches not skipped on resume", M + "data.py",
+             "StepPlan.micro_batches", "min((window + 1) * a, m)", "(window + 1) * a",
+             (MINIMIND + "test_the_steps_follow_minimind_accumulation_and_trailing_step",)),
+    Breakage("resume: the RNG state (dropout) not restored", "workflow/scripts/run.py", "load_into",
+             '        set_global_rng_state(state["rng_state"])', "        pass",
+             (MINIMIND + "test_resumed_equals_straight_with_2_and_with_0_workers",)),
+    Breakage("epoch order: consumed batches not skipped on resume", M + "data.py", "EpochBatches.__iter__",
              "batch_sampler=self.batches_of(epoch)[skip:]", "batch_sampler=self.batches_of(epoch)",
              (MINIMIND + "test_resumed_equals_straight_with_2_and_with_0_workers",)),
-    Breakage("data: targets not shifted by one", M + "data.py", "tokens[i + 1 : i + 1 + seq_len]",
+    Breakage("data: targets not shifted by one", M + "data.py", "get_batch", "tokens[i + 1 : i + 1 + seq_len]",
              "tokens[i : i + seq_len]", (T + "test_pipeline.py::test_targets_are_the_inputs_shifted_by_one",)),
-    Breakage("resume file: data position not saved", M + "checkpoint.py", '"gen_state": generator.get_state(),',
-             '"gen_state": torch.Generator().get_state(),', (CHAIN,)),
-    Breakage("ablation: noskip does not rewind the data", "workflow/scripts/run.py",
-             "        batch_generator.manual_seed(cfg.seed)  #", '        batch_generator.set_state(state["gen_state"])  #',
+    Breakage("resume file: data position not saved", M + "checkpoint.py", "resume_state",
+             '"gen_state": generator.get_state(),', '"gen_state": torch.Generator().get_state(),', (CHAIN,)),
+    Breakage("ablation: noskip does not rewind the data", "workflow/scripts/run.py", "resume",
+             "        batch_generator.manual_seed(cfg.seed)  #",
+             '        batch_generator.set_state(state["gen_state"])  #',
              (T + "test_pipeline.py::test_every_ablation_silently_changes_the_result",), False),
-    Breakage("ablation: halfresume keeps fp32 weights", "workflow/scripts/halve_resume.py",
+    Breakage("ablation: halfresume keeps fp32 weights", "workflow/scripts/halve_resume.py", "main",
              '"model": cast_state_dict(state["model"], torch.float16)', '"model": state["model"]',
-             (T + "test_pipeline.py::test_halfresume_resumes_from_fp16_weights_and_drifts_least",), False),
-    Breakage("loop: NaN trains on", M + "train.py", 'if not finite and cfg.nonfinite == "stop":', "if False:",
+             (T + "test_bad_input.py::test_a_resume_file_with_halved_weights_is_refused_unless_allow_mismatch",)),
+    Breakage("loop: NaN trains on", M + "train.py", "train", 'if not finite and cfg.nonfinite == "stop":',
+             "if False:",
              (T + "test_resume_contents.py::test_a_nan_loss_stops_training_with_its_own_exit_and_writes_nothing",)),
     # the fingerprint
-    Breakage("fingerprint: threads left out", M + "train.py", '        "threads": cfg.threads,\n', "",
+    Breakage("fingerprint: threads left out", M + "train.py", "fingerprint", '        "threads": cfg.threads,\n', "",
              (T + "test_resume_contents.py::test_a_resume_file_records_every_setting_the_continuation_depends_on",)),
-    Breakage("fingerprint: nested keys not compared", M + "checkpoint.py",
+    Breakage("fingerprint: nested keys not compared", M + "checkpoint.py", "fingerprint_diff",
              'diffs += fingerprint_diff(a, b, f"{prefix}{k}.")', "pass",
              (T + "test_resume_contents.py::test_a_resume_file_from_other_settings_is_refused_for_each_fingerprint_key"
                   "[model.hidden_size]",)),
     # validation of a resume file's contents, and of inputs
-    Breakage("check: empty optimizer state let through", M + "checkpoint.py",
+    Breakage("check: empty optimizer state let through", M + "checkpoint.py", "check_optimizer_state",
              "if set(state) != set(range(len(params))) or", "if False and", (CONTENTS + "[empty-optimizer]",)),
-    Breakage("check: ties not compared", M + "checkpoint.py",
+    Breakage("check: ties not compared", M + "checkpoint.py", "check_weights",
              'if not torch.equal(state["model"][name], state["model"][tied_to]):', "if False:",
              (CONTENTS + "[untied]",)),
-    Breakage("check: data position not replayed", M + "checkpoint.py", "        if not torch.equal(g, expected):",
-             "        if False:", (CONTENTS + "[gen-other-seed]",)),
-    Breakage("check: digests not compared", M + "checkpoint.py",
+    Breakage("check: data position not replayed", M + "checkpoint.py", "check_resume",
+             "        if not torch.equal(g, expected):", "        if False:", (CONTENTS + "[gen-other-seed]",)),
+    Breakage("check: digests not compared", M + "checkpoint.py", "check_resume",
              'if k not in ignore and digest(state[k]) != state["digests"].get(k):', "if False:",
              (CONTENTS + "[nudged-weight]", CONTENTS + "[scaled-exp-avg]")),
-    Breakage("check: step range off by one", M + "checkpoint.py", "if not 1 <= step < last_step:",
+    Breakage("check: step range off by one", M + "checkpoint.py", "check_resume", "if not 1 <= step < last_step:",
              "if not 1 <= step <= last_step:", (CONTENTS + "[step-12]",)),
-    Breakage("tokens: id range off by one", M + "data.py", "if lo < 0 or hi >= vocab_size:",
+    Breakage("tokens: id range off by one", M + "data.py", "load_tokens", "if lo < 0 or hi >= vocab_size:",
              "if lo < 0 or hi > vocab_size:",
              (T + "test_bad_input.py::test_token_ids_at_the_edges_of_the_vocabulary",)),
-    Breakage("config: an undeclared key reads as None", M + "config.py",
+    Breakage("config: an undeclared key reads as None", M + "config.py", "Settings.__getattr__",
              "        if name not in self._values:\n            raise UserError(",
              "        if name not in self._values:\n            return None\n            raise UserError(",
              (T + "test_invalidation.py::test_a_job_reading_an_undeclared_key_fails_before_any_step",)),
-    Breakage("compare: NaN/Inf hidden in the max", M + "checkpoint.py",
+    Breakage("compare: NaN/Inf hidden in the max", M + "checkpoint.py", "compare_state_dicts",
              "elif count_nonfinite(a[k]) or count_nonfinite(b[k]):", "elif False:",
              (T + "test_resume_contents.py::test_compare_reports_nan_and_never_a_finite_max_around_it",)),
     # several ranks
-    Breakage("ranks: every rank trains the first slices", M + "parallel.py",
+    Breakage("ranks: every rank trains the first slices", M + "parallel.py", "Ranks.micro_batches",
              "first = 0 if self.rank_generators else self.rank * self.slices_per_rank", "first = 0",
              (DIST + "test_promised_pairs_are_bit_identical[reshard_1to2]",)),
-    Breakage("ranks: another world size continued without --reshard", M + "checkpoint.py",
+    Breakage("ranks: another world size continued without --reshard", M + "checkpoint.py", "check_fingerprint",
              "if layout and not (reshard or allow_mismatch):", "if False:",
              (DIST + "test_another_world_size_needs_reshard",)),
-    Breakage("dcp: the manifest's sha256 not compared", M + "sharded.py", "if sha256_file(f) != manifest[name]:",
-             "if False:", (DIST + "test_a_damaged_resume_directory_is_refused_whole[truncated-shard]",)),
-    Breakage("dcp: .metadata through pickle.load", M + "sharded.py", "metadata = _MetadataUnpickler(f).load()",
-             "metadata = pickle.load(f)", (DIST + "test_a_metadata_pickle_that_runs_code_is_refused",)),
-    Breakage("dcp: shards written into the final directory", M + "sharded.py",
+    Breakage("dcp: the manifest's sha256 not compared", M + "sharded.py", "read_resume_dir",
+             "if sha256_file(f) != manifest[name]:", "if False:",
+             (DIST + "test_a_damaged_resume_directory_is_refused_whole[truncated-shard]",)),
+    Breakage("dcp: .metadata through pickle.load", M + "sharded.py", "_SafeReader.read_metadata",
+             "metadata = _MetadataUnpickler(f).load()", "metadata = pickle.load(f)",
+             (DIST + "test_the_dcp_reader_refuses_a_metadata_pickle_that_runs_code",)),
+    Breakage("dcp: a value's pickle through torch.load without weights_only", M + "sharded.py",
+             "_SafeLoadPlanner.load_bytes", "torch.load(value, weights_only=True)",
+             "torch.load(value, weights_only=False)",
+             (DIST + "test_the_dcp_load_planner_refuses_a_value_pickle_that_runs_code",)),
+    Breakage("dcp: shards written into the final directory", M + "sharded.py", "save_resume_dir",
              "dcp.save(shards, checkpoint_id=str(tmp))", "dcp.save(shards, checkpoint_id=str(path))",
              (DIST + "test_a_rank_killed_in_the_middle_of_a_dcp_save_leaves_the_previous_directory",)),
     # the step's options (their own bits, their own fingerprint entry)
-    Breakage("adamw: the kernel setting ignored", M + "train.py", "WEIGHT_DECAY, **ADAMW_KERNELS[cfg.adamw])",
-             "WEIGHT_DECAY)", (STEP + "test_each_step_option_resumes_bit_exactly_and_has_its_own_bits[forloop]",),
-             False),
-    Breakage("attention written out: no causal mask", M + "model.py",
+    Breakage("adamw: the kernel setting ignored", M + "train.py", "build",
+             "WEIGHT_DECAY, **ADAMW_KERNELS[cfg.adamw])", "WEIGHT_DECAY)",
+             (STEP + "test_each_step_option_resumes_bit_exactly_and_has_its_own_bits[forloop]",), False),
+    Breakage("attention written out: no causal mask", M + "model.py", "causal_attention",
              "    scores = scores + torch.full((t, t), float(\"-inf\"), device=scores.device).triu(1)\n", "",
              (STEP + "test_attention_written_out_computes_what_sdpa_computes",)),
-    Breakage("precision auto: bf16 on AVX512-BF16 alone", M + "hardware.py", 'return "bf16" if "amx_bf16" in',
-             'return "bf16" if "avx512_bf16" in', (STEP + "test_precision_auto_follows_the_amx_flag",)),
-    Breakage("bench targets: peak memory in GiB, not GB", "bench/tables.py", 'mem["peak_rss_mib"] * 2**20 / 1e9',
-             'mem["peak_rss_mib"] / 1024', (T + "test_bench_tables.py",)),
+    Breakage("precision auto: bf16 on AVX512-BF16 alone", M + "hardware.py", "resolve_precision",
+             'return "bf16" if "amx_bf16" in', 'return "bf16" if "avx512_bf16" in',
+             (STEP + "test_precision_auto_follows_the_amx_flag",)),
+    Breakage("bench targets: peak memory in GiB, not GB", "bench/tables.py", "targets_table",
+             'mem["peak_rss_mib"] * 2**20 / 1e9', 'mem["peak_rss_mib"] / 1024', (T + "test_bench_tables.py",)),
     # preemption: the checkpoint folder, auto-resume, signals
-    Breakage("auto-resume: origin not compared", "workflow/scripts/run.py", "if state[\"origin\"] != origin:",
-             "if False:", (PRE + "test_a_resumed_ablation_never_takes_the_checkpoints_of_another_ablation",)),
-    Breakage("auto-resume: the loss log of the checkpoint dropped", "workflow/scripts/run.py",
+    Breakage("auto-resume: origin not compared", "workflow/scripts/run.py", "auto_resume",
+             "if state[\"origin\"] != origin:", "if False:",
+             (PRE + "test_a_resumed_ablation_never_takes_the_checkpoints_of_another_ablation",)),
+    Breakage("auto-resume: the loss log of the checkpoint dropped", "workflow/scripts/run.py", "auto_resume",
              "[tuple(row) for row in state[\"loss_log\"]]", "[]",
              (PRE + "test_a_torn_newest_checkpoint_is_skipped_by_name_and_the_older_one_used",)),
-    Breakage("checkpoints: prune removes the newest", M + "autoresume.py", "self.checkpoints()[self.cfg.keep:]",
-             "self.checkpoints()[::-1][self.cfg.keep:]",
+    Breakage("checkpoints: prune removes the newest", M + "autoresume.py", "CheckpointDir.prune",
+             "self.checkpoints()[self.cfg.keep:]", "self.checkpoints()[::-1][self.cfg.keep:]",
              (PRE + "test_keep_leaves_the_newest_checkpoints_and_keep_when_done_keeps_the_folder",)),
-    Breakage("preemption: the signal's handler does nothing", M + "autoresume.py",
+    Breakage("preemption: the signal's handler does nothing", M + "autoresume.py", "Preemption._note",
              "        if self.received is None:\n", "        if False:\n",
              (PRE + "test_sigusr1_then_a_second_signal_during_the_save_checkpoints_once_and_whole",)),
     # the numbers of the report, and the export
-    Breakage("divergence: rel. L2 without the square root", "workflow/scripts/divergence.py",
+    Breakage("divergence: rel. L2 without the square root", "workflow/scripts/divergence.py", "weight_gap",
              "(sq / norm) ** 0.5", "sq / norm",
              (T + "test_pipeline.py::test_every_number_in_the_summary_is_recomputed_from_the_artifacts",), False),
-    Breakage("report: val loss of straight in every row", M + "report.py",
+    Breakage("report: val loss of straight in every row", M + "report.py", "summary_table",
              "/ {g(row['max_abs_loss_gap'])} | {row['val_loss']:.4f} |",
              "/ {g(row['max_abs_loss_gap'])} | {rows['straight']['val_loss']:.4f} |",
              (T + "test_pipeline.py::test_every_number_in_the_summary_is_recomputed_from_the_artifacts",), False),
-    Breakage("export: wrong RMSNorm eps", M + "export.py", '"rms_norm_eps": cfg.rms_norm_eps,',
+    Breakage("export: wrong RMSNorm eps", M + "export.py", "hf_config", '"rms_norm_eps": cfg.rms_norm_eps,',
              '"rms_norm_eps": 1e-6,', (T + "test_inference_export.py",)),
-    Breakage("export: untied head let through", M + "export.py", "raise UserError(\"lm_head.weight differs",
-             "return None or UserError(\"lm_head.weight differs",
+    Breakage("export: untied head let through", M + "export.py", "inference_tensors",
+             "raise UserError(\"lm_head.weight differs", "return None or UserError(\"lm_head.weight differs",
              (T + "test_inference_export.py::test_export_refuses_weights_whose_head_is_not_tied",)),
 ]
+
+
+OUTCOMES = "MMKIT_MUTANTS_OUTCOMES"  # where the plugin below writes one JSON line per test phase
+STOP = "MMKIT_MUTANTS_STOP"  # set: end the pytest run at the first assertion that catches the breakage
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The plugin side of this file (pytest -p mutants): how each test ended, and on what exception where."""
+    report = (yield).get_result()
+    path = os.environ.get(OUTCOMES)
+    if not path or (report.when != "call" and report.passed):
+        return
+    exc = call.excinfo.type if call.excinfo else None
+    assertion = (report.when == "call" and report.failed and exc is not None
+                 and issubclass(exc, (AssertionError, pytest.fail.Exception)))
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = crash.message if crash else str(report.longrepr or "")
+    record = {"test": report.nodeid, "when": report.when, "outcome": report.outcome,
+              "exception": exc.__name__ if exc else None, "assertion": assertion,
+              "at": f"{os.path.relpath(crash.path)}:{crash.lineno}" if crash else None,
+              "message": (message.strip().splitlines() or [""])[0][:150]}
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    if assertion and os.environ.get(STOP):
+        item.session.shouldstop = "the breakage is caught"
+
+
+def function_span(text: str, function: str, file: str) -> tuple[int, int]:
+    """Character offsets of FUNCTION's source in TEXT (its def line to its last line, whole lines)."""
+    if function == "<module>":
+        return 0, len(text)
+    nodes, node = ast.parse(text).body, None
+    for part in function.split("."):
+        node = next((n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                     and n.name == part), None)
+        if node is None:
+            raise SystemExit(f"mutants: {file} has no function {function}")
+        nodes = node.body
+    starts = [0] + [i + 1 for i, c in enumerate(text) if c == "\n"] + [len(text)]  # of each line, as ast counts
+    return starts[node.lineno - 1], starts[min(node.end_lineno, len(starts) - 1)]
+
+
+def broken(b: Breakage, text: str) -> str:
+    """TEXT with B's snippet replaced, inside B's function, where it must occur exactly once."""
+    start, end = function_span(text, b.function, b.file)
+    found = text[start:end].count(b.old)
+    if found != 1:
+        raise SystemExit(f"mutants: '{b.name}': the snippet occurs {found} times in {b.function} of {b.file}")
+    return text[:start] + text[start:end].replace(b.old, b.new) + text[end:]
 
 
 def tracked_copy(dest: Path) -> Path:
@@ -185,58 +271,124 @@ def build_shared_pipeline(dest: Path) -> Path:
     return work
 
 
-def run_breakage(b: Breakage, root: Path, shared: Path) -> tuple[bool, float, str]:
+def run_tests(work: Path, root: Path, tests, shared: Path, *options, update=False, stop=False) -> tuple[list, str]:
+    """Run TESTS in WORK under the plugin above: (its records, the last line pytest printed)."""
+    outcomes = root / "outcomes.jsonl"
+    outcomes.unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(work / "tests"), OUTCOMES: str(outcomes),
+           "MMKIT_SHARED_PIPELINE": str(shared)}
+    for name in ("MMKIT_SHARED_PIPELINE_UPDATE", "CI", STOP):
+        env.pop(name, None)  # CI: under CI=true a skipped test fails, and a skip must not count as a catch
+    if update:
+        env["MMKIT_SHARED_PIPELINE_UPDATE"] = "1"
+    if stop:
+        env[STOP] = "1"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "mutants",
+                           "--basetemp", str(root / "tmp"), *options, *tests], cwd=work, env=env,
+                          capture_output=True, text=True)
+    records = [json.loads(line) for line in outcomes.read_text().splitlines()] if outcomes.exists() else []
+    return records, (proc.stdout.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+
+
+def of(tests, records) -> list:
+    """The records of the tests that TESTS names (a file, a test, or one parametrization of it)."""
+    return [r for r in records if any(r["test"] == t or r["test"].startswith((t + "::", t + "[")) for t in tests)]
+
+
+def baseline(chosen, tmp: Path, shared: Path, runs: int) -> dict:
+    """{tests: what is wrong with them on the unbroken code} for every distinct test set of CHOSEN that does
+    not pass RUNS times over: a failure, an error, a skip, or no test at all."""
+    sets = list(dict.fromkeys(b.tests for b in chosen))
+    ids = list(dict.fromkeys(t for tests in sets for t in tests))
+    work = tracked_copy(tmp / "baseline" / "code")
+    wrong = {}
+    for run in range(runs):
+        records, last = run_tests(work, tmp / "baseline", ids, shared, "-n", "2", "--dist", "loadfile")
+        print(f"baseline {run + 1} of {runs}: {len(ids)} test ids on the unbroken code [{last}]", flush=True)
+        for tests in sets:
+            mine = of(tests, records)
+            bad = [r for r in mine if r["outcome"] != "passed"]
+            if bad:
+                r = bad[0]
+                wrong.setdefault(tests, f"run {run + 1}: {r['test']} {r['outcome']} in {r['when']} "
+                                        f"({r['exception']} at {r['at']}: {r['message']})")
+            elif not [r for r in mine if r["when"] == "call"]:
+                wrong.setdefault(tests, f"run {run + 1}: no test ran [{last}]")
+    return wrong
+
+
+def how(records) -> str:
+    """What the records say, in a line: the catching assertion, else what did happen."""
+    caught = [r for r in records if r["assertion"]]
+    if caught:
+        r = caught[0]
+        return f"{r['test']}: {r['exception']} at {r['at']}"
+    failed = [r for r in records if r["outcome"] != "passed"]
+    if not failed:
+        return "every test passed" if records else "no test ran"
+    r = failed[0]
+    where = "setup error" if r["when"] == "setup" else f"{r['when']}: {r['outcome']}"
+    return f"only {where} in {r['test']} ({r['exception']} at {r['at']}: {r['message']})"
+
+
+def run_breakage(b: Breakage, root: Path, shared: Path) -> tuple[bool, float, str, str]:
     work = tracked_copy(root / "code")
     target = work / b.file
-    text = target.read_text()
-    if text.count(b.old) != 1:
-        raise SystemExit(f"mutants: '{b.name}': the snippet occurs {text.count(b.old)} times in {b.file}")
-    target.write_text(text.replace(b.old, b.new))
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    env.pop("MMKIT_SHARED_PIPELINE", None)
-    env.pop("CI", None)  # under CI=true a skipped test fails: a skip must not count as a breakage caught
-    if b.shared:
-        env["MMKIT_SHARED_PIPELINE"] = str(shared)
+    target.write_text(broken(b, target.read_text()))
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                           "--basetemp", str(root / "tmp"), *b.tests], cwd=work, env=env, capture_output=True,
-                          text=True)
-    seconds = time.perf_counter() - t0
-    last = (proc.stdout.strip().splitlines() or [""])[-1]
-    # caught: the tests ran and failed (exit 1); collection errors or no tests (2..5) say nothing
-    return proc.returncode == 1, seconds, last
+    records, last = run_tests(work, root, b.tests, shared, update=not b.shared, stop=True)
+    return any(r["assertion"] for r in records), time.perf_counter() - t0, how(records), last
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-k", default="", help="only breakages whose name contains this")
     p.add_argument("-j", type=int, default=2, help="breakages tried at once (each in its own folder)")
+    p.add_argument("--list", action="store_true", help="print the chosen breakages and exit")
+    p.add_argument("--baseline-runs", type=int, default=1, help="times the tests run on the unbroken code first")
     args = p.parse_args()
     chosen = [b for b in BREAKAGES if args.k in b.name]
+    for b in chosen:  # a stale table fails here, before anything is built
+        broken(b, (REPO / b.file).read_text())
+    if args.list:
+        for b in chosen:
+            print(f"{b.name}\n    {b.file}: {b.function}{'' if b.shared else '  (pipeline updated)'}\n    "
+                  + "\n    ".join(b.tests))
+        return
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
         tmp = Path(tmp)
         print("building the shared tiny pipeline with the unbroken code ...", flush=True)
         shared = build_shared_pipeline(tmp / "shared")
+        wrong = baseline(chosen, tmp, shared, args.baseline_runs)
+        for tests, why in wrong.items():
+            print(f"BASELINE FAILS  {', '.join(tests)}: {why}", flush=True)
 
         def attempt(i, b):
             root = tmp / f"m{i}"
             root.mkdir()
-            caught, seconds, last = run_breakage(b, root, shared)
-            print(f"{'caught' if caught else 'MISSED'}  {seconds:5.1f} s  {b.name}  [{last}]", flush=True)
+            caught, seconds, caught_how, last = run_breakage(b, root, shared)
+            print(f"{'caught' if caught else 'MISSED'}  {seconds:5.1f} s  {b.name}\n        {caught_how}  [{last}]",
+                  flush=True)
             shutil.rmtree(root, ignore_errors=True)
             return b, caught, seconds
 
+        todo = [b for b in chosen if b.tests not in wrong]
+        todo.sort(key=lambda b: b.shared)  # those that update the pipeline (the longest) first
         # most of a breakage's time is one process waiting for another: two at a time use both cores
         with ThreadPoolExecutor(args.j) as pool:
-            results = list(pool.map(attempt, range(len(chosen)), chosen))
+            results = list(pool.map(attempt, range(len(todo)), todo))
     caught = sum(c for _, c, _ in results)
-    print(f"\nscore: {caught} of {len(results)} breakages caught, in {time.perf_counter() - t_all:.0f} s")
+    seconds = time.perf_counter() - t_all
+    print(f"\nscore: {caught} of {len(chosen)} breakages caught on an assertion, in {seconds:.0f} s")
     print("slowest: " + "; ".join(f"{b.name} {s:.0f} s" for b, _, s in sorted(results, key=lambda r: -r[2])[:3]))
     for b, c, _ in results:
         if not c:
-            print(f"missed: {b.name} ({b.file}; tests {', '.join(b.tests)})")
-    sys.exit(0 if caught == len(results) else 1)
+            print(f"missed: {b.name} ({b.file}: {b.function}; tests {', '.join(b.tests)})")
+    for b in chosen:
+        if b.tests in wrong:
+            print(f"not tried, its tests fail on the unbroken code: {b.name}")
+    sys.exit(0 if caught == len(chosen) else 1)
 
 
 if __name__ == "__main__":
