@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
@@ -24,9 +25,9 @@ sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-from mmkit.checkpoint import global_rng_state, resume_state  # noqa: E402
 from mmkit.model import MiniMindForCausalLM, ModelConfig  # noqa: E402
-from mmkit.parallel import ParallelConfig, start, state_dicts  # noqa: E402
+from mmkit.parallel import ParallelConfig, start  # noqa: E402
+from mmkit.resume import TrainingState, resume_state  # noqa: E402
 from mmkit.sharded import save_resume_dir  # noqa: E402
 from mmkit.train import WEIGHT_DECAY  # noqa: E402
 
@@ -67,8 +68,8 @@ def main():
                   f"{args.rounds} rounds", file=sys.stderr)
         for r in range(args.rounds + 1):  # round 0 warms up both
             for mode in ("sync", "async") if r % 2 == 0 else ("async", "sync"):
-                state = resume_state(*state_dicts(model, optimizer, ranks), 1, 0, gen, {"bench": True}, {}, [],
-                                     data_position={"epoch": 0, "batch": 1}, rng_state=global_rng_state(), scaler=None)
+                batches = SimpleNamespace(position={"epoch": 0, "batch": 1})
+                state = resume_state(TrainingState(model, optimizer, gen, batches, None, ranks, {"bench": True}, step=1))
                 ranks.barrier()
                 t0 = time.perf_counter()
                 pending = save_resume_dir(state, path, ranks, async_save=mode == "async")

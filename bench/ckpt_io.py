@@ -6,12 +6,15 @@ import re
 import statistics
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from common import LR, model_config, paired_ratio, summary, time_interleaved, time_once
 
-from mmkit.checkpoint import global_rng_state, resume_state, save_atomic
+from mmkit.checkpoint import save_atomic
 from mmkit.model import MiniMindForCausalLM
+from mmkit.parallel import Ranks
+from mmkit.resume import TrainingState, resume_state
 from mmkit.train import WEIGHT_DECAY
 
 
@@ -25,8 +28,9 @@ def resume_sized_state(dims: str) -> dict:
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     gen = torch.Generator().manual_seed(0)
-    return resume_state(model.state_dict(), optimizer.state_dict(), 1, 0, gen, {"format": 1, "note": "bench"}, {}, [],
-                        data_position={"epoch": 0, "batch": 1}, rng_state=global_rng_state(), scaler=None)
+    batches = SimpleNamespace(position={"epoch": 0, "batch": 1})
+    return resume_state(TrainingState(model, optimizer, gen, batches, None, Ranks(1, 0, "single", 1),
+                                      {"format": 1, "note": "bench"}, step=1))
 
 
 def dd_write(path: Path, mib: int) -> float:

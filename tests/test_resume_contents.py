@@ -14,6 +14,7 @@ import yaml
 from conftest import assert_same_state_dict, run_script, tiny_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mmkit.resume import seal
 
 
 
@@ -32,9 +33,13 @@ def refusal(proc, out) -> str:
     return errors[0]
 
 
-def edited(tiny_run, tmp_path, edit, name="edited.pth"):
+def edited(tiny_run, tmp_path, edit, name="edited.pth", reseal=True):
+    """The tiny run's resume file with EDIT applied and, unless RESEAL is off, its digests recomputed: so
+    the check of the edited entry alone must refuse it, not the sha256 comparison behind it."""
     state = torch.load(tiny_run["resume"], weights_only=True)
     edit(state)
+    if reseal:
+        state = seal({k: v for k, v in state.items() if k != "digests"})
     path = tmp_path / name
     torch.save(state, path)
     return path
@@ -43,6 +48,8 @@ def edited(tiny_run, tmp_path, edit, name="edited.pth"):
 # --- each class of contents, refused with a line naming the entry ------------------------------
 
 
+# each refused by its entry's own check: the digests are recomputed after the edit (edited(reseal=True)),
+# so a check that let its case through would let the file through
 @pytest.mark.parametrize("edit, words", [
     (lambda s: s["optimizer"].__setitem__("state", {}), ["'optimizer'", "0 parameters"]),
     (lambda s: s.__setitem__("gen_state", s["gen_state"][:100]), ["'gen_state'", "shape [100]"]),
@@ -64,17 +71,31 @@ def edited(tiny_run, tmp_path, edit, name="edited.pth"):
     (lambda s: s["optimizer"]["param_groups"][0].__setitem__("betas", (0.8, 0.99)), ["'optimizer'", "betas"]),
     (lambda s: s["optimizer"]["state"][3].__setitem__("exp_avg", s["optimizer"]["state"][3]["exp_avg"][:-1]),
      ["'optimizer'", "exp_avg of parameter 3"]),
-    # same shape and every value plausible: only the sha256 recorded at save time can tell
-    (lambda s: s["optimizer"]["state"][0]["exp_avg"].mul_(1.5), ["'optimizer'", "sha256"]),
-    (lambda s: s["model"]["model.norm.weight"].add_(1e-3), ["'model'", "sha256"]),
 ], ids=["empty-optimizer", "gen-truncated", "gen-other-seed", "step-bool", "step-4", "step-12", "step-0",
         "nan-weight", "untied", "float64-weight", "negative-exp-avg-sq", "inf-exp-avg", "other-betas",
-        "short-exp-avg", "scaled-exp-avg", "nudged-weight"])
+        "short-exp-avg"])
 def test_resume_file_with_bad_contents_is_refused_naming_the_entry(tiny_run, tmp_path, edit, words):
     out = tmp_path / "o.pth"
     error = refusal(resume(tiny_run, edited(tiny_run, tmp_path, edit), out), out)
+    assert "sha256" not in error, error  # resealed: the digests match, the entry's own check must speak
     for w in words:
         assert w in error, error
+
+
+# same shape and every value plausible: only the sha256 recorded at save time can tell (not resealed)
+@pytest.mark.parametrize("edit, entry", [
+    (lambda s: s["optimizer"]["state"][0]["exp_avg"].mul_(1.5), "optimizer"),
+    (lambda s: s["model"]["model.norm.weight"].add_(1e-3), "model"),
+    (lambda s: s["data_position"].__setitem__("batch", s["data_position"]["batch"]), None),
+], ids=["scaled-exp-avg", "nudged-weight", "untouched"])
+def test_an_edit_no_check_sees_is_refused_by_the_digest(tiny_run, tmp_path, edit, entry):
+    out = tmp_path / "o.pth"
+    proc = resume(tiny_run, edited(tiny_run, tmp_path, edit, reseal=False), out)
+    if entry is None:  # the control: an edit that changes nothing is not refused (the digests are exact)
+        assert proc.returncode == 0, proc.stderr
+        return
+    error = refusal(proc, out)
+    assert f"'{entry}'" in error and "sha256" in error, error
 
 
 def test_no_optim_ignores_an_incomplete_optimizer_state_by_name(tiny_run, tmp_path):

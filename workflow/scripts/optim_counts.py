@@ -5,7 +5,7 @@ import json
 import os
 
 from mmkit.atomic import write_text_atomic
-from mmkit.checkpoint import load_resume
+from mmkit import store
 from mmkit.errors import run_cli
 
 TIED = "lm_head.weight"  # the embedding under a second name: one tensor, counted once
@@ -17,7 +17,7 @@ def main():
     p.add_argument("--json", required=True)
     args = p.parse_args()
 
-    state = load_resume(args.resume)
+    state = store.read(args.resume)
     model_numel = sum(t.numel() for k, t in state["model"].items() if k != TIED)
     # per parameter: exp_avg and exp_avg_sq (one element each per weight) and a 0-dim step counter
     optimizer_numel = sum(

@@ -7,6 +7,7 @@
             DataLoader (the position is the epoch and the batches of it consumed)
 """
 
+import hashlib
 import json
 import math
 import os
@@ -297,3 +298,33 @@ class EpochBatches:
                 done = batch == self.batches_per_epoch
                 self.position = {"epoch": epoch + done, "batch": 0 if done else batch}
                 yield x, y
+
+
+# --- what a training job reads ---------------------------------------------------------------------
+
+
+class TrainingData:
+    """The training data of either format: what the fingerprint hashes, and the batches it yields."""
+
+    def __init__(self, cfg, tokens=None, jsonl=None, tokenizer=None):
+        self.cfg, self.windows = cfg, cfg.data_format == "windows"
+        given = "--tokens" if tokens else "--jsonl" if jsonl else None
+        if given != ("--tokens" if self.windows else "--jsonl") or (not self.windows and not tokenizer):
+            raise UserError(f"data.format {cfg.data_format} trains on " + (
+                "--tokens T.npy" if self.windows else "--jsonl J.jsonl --tokenizer tokenizer.json"))
+        if self.windows:
+            self.tokens = load_tokens(tokens, cfg.model.vocab_size, cfg.seq_len + 2, "training tokens")
+            self.sha256 = hashlib.sha256(memoryview(self.tokens)).hexdigest()
+            self.batches_per_epoch = None
+        else:
+            # a sample is MiniMind's max_length = seq_len + 1 tokens: the model reads seq_len of them
+            self.dataset = PretrainDataset(jsonl, tokenizer, cfg.seq_len + 1, cfg.model.vocab_size)
+            self.sha256 = hashlib.sha256(Path(jsonl).read_bytes() + Path(tokenizer).read_bytes()).hexdigest()
+            self.batches_per_epoch = math.ceil(len(self.dataset) / cfg.batch_size)
+
+    def batches(self, generator: torch.Generator, drawn: int):
+        """The batches from step 1's position (a resume moves .position): windows of DRAWN drawn with
+        GENERATOR, or the epochs' batches."""
+        if self.windows:
+            return WindowBatches(self.tokens, drawn, self.cfg.seq_len, generator, {"epoch": 0, "batch": 0})
+        return EpochBatches(self.dataset, self.cfg.batch_size, self.cfg.seed, self.cfg.workers)

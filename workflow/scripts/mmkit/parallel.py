@@ -149,13 +149,22 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
-def state_dicts(model, optimizer, ranks: Ranks) -> tuple[dict, dict]:
-    """The model's and AdamW's state as a resume holds them: whole tensors, or this rank's shards (FSDP2)."""
+def model_state(model, ranks: Ranks) -> dict:
+    """The model's state as a resume holds it: whole tensors, or this rank's shards (FSDP2)."""
     if ranks.sharded:
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        return get_state_dict(model, optimizer)
-    return unwrap(model).state_dict(), optimizer.state_dict()
+        return get_model_state_dict(model)
+    return unwrap(model).state_dict()
+
+
+def optimizer_state(model, optimizer, ranks: Ranks) -> dict:
+    """AdamW's state as a resume holds it: per parameter index, or keyed by name with this rank's shards."""
+    if ranks.sharded:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(model, optimizer)
+    return optimizer.state_dict()
 
 
 def weights(model, ranks: Ranks) -> dict:

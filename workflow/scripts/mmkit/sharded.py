@@ -1,7 +1,7 @@
 """The resume state of a sharded (FSDP2) run: a directory of DCP shards, committed whole, read back safely.
 
 No single process holds the full state, so each rank writes its shards with torch.distributed.checkpoint
-(DCP). The directory holds what resume_state lists, split in two:
+(DCP). The directory holds the entries of mmkit.resume.ENTRIES, split in two:
   the DCP files (.metadata, __<rank>_0.distcp)  the "model" and "optimizer" entries, sharded
   resume.pth                                    every other entry, a manifest (sha256 of each DCP file)
                                                 and the digests; written by rank 0 last
@@ -27,14 +27,14 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
 
 from .atomic import fsync_path, sha256_file
-from .checkpoint import RESUME_KEYS, SEALED, check_format, digest, load_file
+from .checkpoint import digest, load_file
 from .errors import UserError
 from .failpoint import failpoint
+from .resume import ENTRIES, NAMES, check_types, seal
 
 META = "resume.pth"
-SHARDED = ("model", "optimizer")  # the entries that live in the DCP files
-META_KEYS = tuple(k for k in RESUME_KEYS if k not in SHARDED) + ("manifest",)
-META_SEALED = tuple(k for k in SEALED if k not in SHARDED) + ("manifest",)
+SHARDED = tuple(e.name for e in ENTRIES if e.sharded)  # the entries that live in the DCP files
+META_KEYS = tuple(k for k in NAMES if k not in SHARDED) + ("manifest",)
 
 
 def is_resume_dir(path) -> bool:
@@ -50,9 +50,13 @@ class PendingSave:
     def __init__(self, path, entries: dict, ranks, future=None):
         self.path, self.entries, self.ranks, self.future = Path(path), entries, ranks, future
 
-    def commit(self) -> None:
+    def wait(self) -> None:
         if self.future is not None:
             self.future.result()  # the background writes are done on this rank
+            self.future = None
+
+    def commit(self) -> None:
+        self.wait()
         failpoint("save")
         self.ranks.barrier()  # ... and on every rank
         if self.ranks.main:
@@ -86,8 +90,7 @@ def _tmp(path) -> Path:
 
 def _commit(tmp: Path, path: Path, entries: dict) -> None:
     manifest = {f.name: sha256_file(f) for f in sorted(tmp.iterdir())}
-    meta = {**entries, "manifest": manifest}
-    meta["digests"] = {k: digest(meta[k]) for k in META_SEALED}
+    meta = seal({**entries, "manifest": manifest})
     with open(tmp / META, "wb") as f:
         torch.save(meta, f)
     for f in tmp.iterdir():
@@ -112,11 +115,8 @@ def read_resume_dir(path) -> dict:
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"resume directory {path} does not exist")
-    meta = load_file(path / META, "resume directory's")
-    if not isinstance(meta, dict) or any(k not in meta for k in META_KEYS):
-        missing = [k for k in META_KEYS if not isinstance(meta, dict) or k not in meta]
-        raise UserError(f"resume directory {path}: {META} lacks {', '.join(repr(k) for k in missing)}")
-    check_format(meta["fingerprint"], f"resume directory {path}")
+    meta = check_types(load_file(path / META, "resume directory's"), META_KEYS,
+                       f"resume directory {path}: {META}")
     manifest = meta["manifest"]
     for name in sorted(manifest):
         f = path / name

@@ -8,12 +8,13 @@ import time
 
 import torch
 
-from .checkpoint import FORMAT_VERSION
+from . import fingerprint
 from .config import RunConfig
-from .data import StepPlan
+from .data import StepPlan, TrainingData
 from .errors import NonFiniteError, UserError
 from .model import MiniMindForCausalLM
 from .parallel import Ranks
+from .resume import TrainingState
 
 WEIGHT_DECAY = 0.01
 # evaluation (half-precision logits, val loss) runs on 1 thread, so its numbers depend on the weights
@@ -52,57 +53,28 @@ def make_deterministic(cfg: RunConfig) -> str:
     return device
 
 
-def build(cfg: RunConfig, device: str, ranks: Ranks | None = None):
-    """Model, optimizer, batch generator and loss scaler (fp16 only, else None), built identically by the
-    straight and the resumed run.
+def build(cfg: RunConfig, device: str, ranks: Ranks, data: TrainingData) -> TrainingState:
+    """Model, optimizer, batch generator, batches and loss scaler (fp16 only, else None), built identically by
+    the straight and the resumed run, at step 0.
 
     With several ranks the model is wrapped (DDP, or sharded in place by FSDP2) before AdamW sees it.
     """
     # seed before building the model: a resumed run draws the same init even though it is overwritten,
     # so every later draw from the global RNG lines up with the straight run's (on every rank alike)
     torch.manual_seed(cfg.seed)
-    model = MiniMindForCausalLM(cfg.model).to(device)
-    if ranks is not None:
-        model = ranks.wrap(model)
+    model = ranks.wrap(MiniMindForCausalLM(cfg.model).to(device))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=WEIGHT_DECAY, **ADAMW_KERNELS[cfg.adamw])
     # its own generator, so nothing else moves the data position; the same on every rank, unless the
-    # rank0_gen ablation gives each rank its own (seed + rank), as many DDP scripts do
-    own = ranks is not None and ranks.rank_generators
+    # rank0_gen ablation gives each rank its own (seed + rank) and its share of the batch, as many DDP scripts do
+    own = ranks.rank_generators
     batch_generator = torch.Generator().manual_seed(cfg.seed + (ranks.rank if own else 0))
+    batches = data.batches(batch_generator, cfg.batch_size // ranks.world_size if own else cfg.batch_size)
     # fp16 autocast: gradients scaled up so small ones survive fp16, and a step skipped on overflow
     if cfg.precision == "fp16" and not torch.amp.is_autocast_available(device):
         raise UserError(f"config key 'precision': fp16 autocast is not available on {device} in torch {torch.__version__}")
     scaler = torch.amp.GradScaler(device) if cfg.precision == "fp16" else None
-    return model, optimizer, batch_generator, scaler
-
-
-def fingerprint(cfg: RunConfig, device: str, train_data_sha256: str, ranks: Ranks) -> dict:
-    """The settings a bit-exact continuation depends on; stored in and checked against the resume file."""
-    return {
-        "format": FORMAT_VERSION,
-        "torch": str(torch.__version__),  # a plain str: TorchVersion is not weights_only-loadable
-        "threads": cfg.threads,
-        "device": device,
-        "precision": cfg.precision,  # as resolved for this machine: auto never reaches a resume file
-        "adamw": cfg.adamw,
-        "weights_dtype": "float32",  # master weights: a resume file in half precision is not this run's
-        "nonfinite": cfg.nonfinite,
-        "model": cfg.model.to_dict(),
-        "seed": cfg.seed,
-        "steps": cfg.steps,
-        "batch_size": cfg.batch_size,
-        "seq_len": cfg.seq_len,
-        "lr": cfg.lr,
-        "accumulation_steps": cfg.accumulation_steps,
-        "data_format": cfg.data_format,
-        # the training data as read: the token file, or the JSONL and the tokenizer
-        "train_data_sha256": train_data_sha256,
-        # how the global batch is cut and summed; only --reshard continues under another world size
-        "world_size": ranks.world_size,
-        "strategy": ranks.strategy,
-        "batch_slices": ranks.slices,
-        "rank_generators": ranks.rank_generators,
-    }
+    return TrainingState(model, optimizer, batch_generator, batches, scaler, ranks,
+                         fingerprint.build(cfg, device, data.sha256, ranks))
 
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # fp32: no autocast
@@ -114,9 +86,9 @@ def autocast(cfg: RunConfig, device: str):
     return contextlib.nullcontext()
 
 
-def train(cfg: RunConfig, device, model, optimizer, batches, plan: StepPlan, first_step: int, last_step: int,
-          ranks: Ranks, schedule_offset: int = 0, scaler=None):
-    """Optimizer steps first_step..last_step (1-based, inclusive); yields (step, loss, skipped) after each.
+def train(cfg: RunConfig, device, live: TrainingState, plan: StepPlan, last_step: int, schedule_offset: int = 0):
+    """Optimizer steps live.step + 1 .. last_step (1-based, inclusive) on LIVE; yields each step once LIVE
+    holds its result (step, loss log, skipped steps).
 
     Each step reads plan.micro_batches(step) batches from BATCHES (accumulation_steps of them, fewer for an
     epoch's trailing step), each with its own LR from its micro-batch number, as MiniMind sets it. Each
@@ -128,8 +100,9 @@ def train(cfg: RunConfig, device, model, optimizer, batches, plan: StepPlan, fir
     scaled gradients overflowed, and it counts as skipped too. schedule_offset > 0 reproduces a known bug
     (the LR schedule counted from 0 again on resume, in micro-batches): only the nosched ablation sets it.
     """
+    model, optimizer, scaler, ranks, batches = live.model, live.optimizer, live.scaler, live.ranks, iter(live.batches)
     model.train()
-    total = plan.consumed(cfg.steps)
+    total, first_step = plan.consumed(cfg.steps), live.step + 1
     for step in range(first_step, last_step + 1):
         t0 = time.perf_counter()
         micro_steps = plan.micro_batches(step)
@@ -174,7 +147,9 @@ def train(cfg: RunConfig, device, model, optimizer, batches, plan: StepPlan, fir
         if ranks.main:
             print(f"step {step:>4}/{cfg.steps}  loss {loss:.6f}  lr {lr:.3e}  {ms:.0f} ms{note}", file=sys.stderr,
                   flush=True)
-        yield step, loss, skipped
+        live.step, live.skipped_steps = step, live.skipped_steps + skipped
+        live.loss_log.append((step, loss))
+        yield step
 
 
 def total_norm(norm) -> float:

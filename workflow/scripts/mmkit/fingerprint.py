@@ -1,0 +1,85 @@
+"""The fingerprint: the settings a bit-exact continuation depends on, built and compared here alone.
+
+A resume file carries the fingerprint of the run that saved it; a run continues from it only when its own
+fingerprint is the same, or with --reshard for the rank layout, or with --allow-mismatch (not bit-exact).
+"""
+
+import sys
+
+import torch
+
+from .errors import UserError
+
+FORMAT_VERSION = 4  # 2: skipped_steps, digests, the weights' dtype; 3: origin and loss_log;
+# 4: data_position, rng_state, scaler
+
+# what may differ when a run continues on another number of ranks (--reshard); anything else may not
+RESHARD_KEYS = ("world_size", "strategy", "batch_slices")
+
+
+def build(cfg, device: str, train_data_sha256: str, ranks) -> dict:
+    """This run's fingerprint (cfg: a RunConfig whose precision is resolved, ranks: mmkit.parallel.Ranks)."""
+    return {
+        "format": FORMAT_VERSION,
+        "torch": str(torch.__version__),  # a plain str: TorchVersion is not weights_only-loadable
+        "threads": cfg.threads,
+        "device": device,
+        "precision": cfg.precision,  # as resolved for this machine: auto never reaches a resume file
+        "adamw": cfg.adamw,
+        "weights_dtype": "float32",  # master weights: a resume file in half precision is not this run's
+        "nonfinite": cfg.nonfinite,
+        "model": cfg.model.to_dict(),
+        "seed": cfg.seed,
+        "steps": cfg.steps,
+        "batch_size": cfg.batch_size,
+        "seq_len": cfg.seq_len,
+        "lr": cfg.lr,
+        "accumulation_steps": cfg.accumulation_steps,
+        "data_format": cfg.data_format,
+        # the training data as read: the token file, or the JSONL and the tokenizer
+        "train_data_sha256": train_data_sha256,
+        # how the global batch is cut and summed; only --reshard continues under another world size
+        "world_size": ranks.world_size,
+        "strategy": ranks.strategy,
+        "batch_slices": ranks.slices,
+        "rank_generators": ranks.rank_generators,
+    }
+
+
+def check_format(saved: dict, source: str) -> None:
+    if saved.get("format") != FORMAT_VERSION:
+        raise UserError(f"{source} has format {saved.get('format')}, this code reads {FORMAT_VERSION}")
+
+
+def check(saved: dict, current: dict, source: str, allow_mismatch: bool = False, reshard: bool = False) -> None:
+    """Refuse a resume made under other settings, unless allow_mismatch (or reshard, for the rank layout)."""
+    diffs = diff(saved, current)
+    layout = [d for d in diffs if d.split()[0] in RESHARD_KEYS]
+    other = [d for d in diffs if d not in layout]
+    if layout and not (reshard or allow_mismatch):
+        raise UserError(f"{source} was saved with another rank layout: {'; '.join(layout)} "
+                        "(pass --reshard to continue it on this one)")
+    if other and not allow_mismatch:
+        raise UserError(
+            f"{source} was made under other settings: {'; '.join(other)} "
+            "(rerun with the same settings, or pass --allow-mismatch and lose bit-exactness)"
+        )
+    if layout:
+        exact = saved.get("batch_slices") == current.get("batch_slices")
+        print(f"resume: resharding ({'; '.join(layout)}): "
+              + ("the same batch slices, so the same sums: bit-exact" if exact else
+                 "other batch slices, so gradients are summed in another order: not bit-exact"), file=sys.stderr)
+    if other:
+        print(f"warning: resuming despite {'; '.join(other)}: the result will not be bit-exact", file=sys.stderr)
+
+
+def diff(saved: dict, current: dict, prefix: str = "") -> list[str]:
+    """Every key whose value differs, nested keys as model.hidden_size."""
+    diffs = []
+    for k in sorted(set(saved) | set(current)):
+        a, b = saved.get(k), current.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += diff(a, b, f"{prefix}{k}.")
+        elif a != b:
+            diffs.append(f"{prefix}{k} {a} in the file, {b} now")
+    return diffs

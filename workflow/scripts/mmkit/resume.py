@@ -1,0 +1,360 @@
+"""What a resume holds: one table of entries, and the live training state they are taken from and put back into.
+
+Each row of ENTRIES says, for one entry of a resume file: its type, whether a digest seals it, how it is
+taken from the live TrainingState, how it is put back, and how it is checked before a single step runs.
+Saving, loading, the seal, the DCP directory's metadata and the checks all iterate over this table, and each
+ablation (ABLATIONS) names the entries it throws away. Adding a piece of state is one row and its check.
+"""
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .checkpoint import check_fits, count_nonfinite, digest
+from .data import StepPlan, WindowBatches, generator_at
+from .errors import UserError
+from .parallel import Ranks, model_state, optimizer_state, unwrap
+
+
+@dataclass
+class TrainingState:
+    """Everything the next step depends on, live: the loop trains it, a save takes it, a resume restores it."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    batch_generator: torch.Generator  # the windows' draws: its state is their data position
+    batches: object  # WindowBatches or EpochBatches: yields batches and keeps .position, the next one's
+    scaler: torch.amp.GradScaler | None  # fp16 only
+    ranks: Ranks
+    fingerprint: dict
+    step: int = 0  # the last optimizer step taken
+    skipped_steps: int = 0  # updates skipped for a non-finite loss (or an fp16 overflow)
+    loss_log: list = field(default_factory=list)  # [(step, loss)] of the steps this run trained
+    # which run this is: the resume it started from (sha256) and the ablations applied then
+    origin: dict = field(default_factory=lambda: {"resume_sha256": None, "ablations": []})
+
+
+def global_rng_state() -> dict:
+    return {"cpu": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None}
+
+
+def set_global_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["cpu"])
+    if state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _put_scaler(live, value):
+    if live.scaler:
+        live.scaler.load_state_dict(value)
+
+
+def _put_model(live, value):
+    unwrap(live.model).load_state_dict(value)
+
+
+# --- how each entry is checked: check(value, saved, ctx) calls ctx.refuse(why) -----------------------
+
+
+@dataclass
+class Checking:
+    """What a resume is checked against: this run's live state, the data position it expects after a step."""
+
+    live: TrainingState
+    expected: "Expected"
+    last_step: int
+    source: str
+    entry: str = ""  # the entry being checked, named by a refusal
+
+    def refuse(self, what):
+        raise UserError(f"{self.source}: entry '{self.entry}' {what}")
+
+
+def check_step(step, saved, ctx):
+    if not 1 <= step < ctx.last_step:
+        ctx.refuse(f"is {step}; this run can continue only from a step in 1..{ctx.last_step - 1}")
+
+
+def check_skipped_steps(skipped, saved, ctx):
+    if not 0 <= skipped <= saved["step"]:
+        ctx.refuse(f"is {skipped}; it must lie in 0..step ({saved['step']})")
+
+
+def check_weights(weights, saved, ctx):
+    """Every tensor the model has, of the shape it has, in the file's own dtype, finite, ties kept."""
+    model = unwrap(ctx.live.model)
+    check_fits(weights, model, f"{ctx.source}: entry '{ctx.entry}'")
+    dtype = saved["fingerprint"].get("weights_dtype")
+    for name, t in weights.items():
+        if str(t.dtype).removeprefix("torch.") != dtype:
+            ctx.refuse(f"tensor {name} is {t.dtype}, the fingerprint says {dtype}")
+        if not torch.isfinite(t).all():
+            ctx.refuse(f"tensor {name} holds {count_nonfinite(t)} non-finite values")
+    for name, tied_to in tied_names(model).items():
+        if not torch.equal(weights[name], weights[tied_to]):
+            ctx.refuse(f"tensor {name} differs from {tied_to}, which the model ties it to")
+
+
+def check_optimizer_state(value, saved, ctx):
+    """AdamW's state as this run's optimizer would hold it after the file's step less its skipped steps."""
+    refuse, optimizer, updates = ctx.refuse, ctx.live.optimizer, saved["step"] - saved["skipped_steps"]
+    built = optimizer.state_dict()
+    groups, state = value.get("param_groups"), value.get("state")
+    if not isinstance(groups, list) or not isinstance(state, dict):
+        refuse("lacks 'param_groups' or 'state'")
+    if len(groups) != len(built["param_groups"]):
+        refuse(f"has {len(groups)} parameter groups, this run's optimizer {len(built['param_groups'])}")
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for saved_group, group in zip(groups, built["param_groups"]):
+        if not isinstance(saved_group, dict) or saved_group.get("params") != group["params"]:
+            refuse("has parameter groups that list other parameters than this run's")
+        # lr is set every step from the schedule; every other hyperparameter must be this run's
+        differing = [k for k in group if k not in ("params", "lr") and saved_group.get(k) != group[k]]
+        if differing:
+            refuse("has other hyperparameters: " + ", ".join(
+                f"{k} {saved_group.get(k)} in the file, {group[k]} now" for k in differing))
+    if set(state) != set(range(len(params))) or not all(type(k) is int for k in state):
+        refuse(f"holds state for {len(state)} parameters, this run has {len(params)}")
+    for i, p in enumerate(params):
+        entry = state[i]
+        if not isinstance(entry, dict) or sorted(entry) != ["exp_avg", "exp_avg_sq", "step"]:
+            refuse(f"state of parameter {i} is not AdamW's exp_avg, exp_avg_sq and step")
+        for k in ("exp_avg", "exp_avg_sq"):
+            t = entry[k]
+            if not isinstance(t, torch.Tensor) or t.shape != p.shape or t.dtype != p.dtype:
+                refuse(f"{k} of parameter {i} is not a {p.dtype} tensor of shape {list(p.shape)}")
+            if not torch.isfinite(t).all():
+                refuse(f"{k} of parameter {i} holds {count_nonfinite(t)} non-finite values")
+        if (entry["exp_avg_sq"] < 0).any():
+            refuse(f"exp_avg_sq of parameter {i} is negative somewhere (it is a mean of squares)")
+        counter = entry["step"]
+        if not isinstance(counter, torch.Tensor) or counter.numel() != 1 or counter.item() != updates:
+            refuse(f"step of parameter {i} is {counter!r}, the file's step says {updates} updates")
+
+
+def check_gen_state(g, saved, ctx):
+    expected = ctx.expected.gen_state(saved["step"])
+    if g.dtype != torch.uint8 or g.shape != expected.shape:
+        ctx.refuse(f"is a {g.dtype} tensor of shape {list(g.shape)}, "
+                                f"the batch generator's state is uint8 of shape {list(expected.shape)}")
+    if not torch.equal(g, expected):
+        ctx.refuse(f"is not the data position after {saved['step']} batches of this run")
+
+
+def check_data_position(position, saved, ctx):
+    expected = ctx.expected.position(saved["step"])
+    if position != expected:
+        ctx.refuse(f"is {position}; after step {saved['step']} this run reads from {expected}")
+
+
+def check_rng_state(saved, _, ctx):
+    now = global_rng_state()
+    if set(saved) != set(now):
+        ctx.refuse(f"has {sorted(saved)}, not {sorted(now)}")
+    for device, t in saved.items():
+        if now[device] is None and t is None:
+            continue
+        if not (isinstance(t, torch.Tensor) and now[device] is not None and t.dtype == torch.uint8
+                and t.shape == now[device].shape):
+            ctx.refuse(f"'{device}' is not a {device} RNG state of this torch")
+
+
+def check_scaler_state(saved, _, ctx):
+    """None without fp16; with it, GradScaler's own keys, a finite positive scale."""
+    scaler = ctx.live.scaler
+    if scaler is None:
+        if saved is not None:
+            ctx.refuse("holds a GradScaler's state, but this run has no fp16 loss scaling")
+        return
+    built = scaler.state_dict()
+    if not isinstance(saved, dict) or saved.keys() != built.keys():
+        ctx.refuse(f"is not a GradScaler's state ({sorted(built)})")
+    scale = saved["scale"]
+    if not (isinstance(scale, float) and math.isfinite(scale) and scale > 0):
+        ctx.refuse(f"has loss scale {scale!r}, not a finite positive number")
+    differing = [k for k in ("growth_factor", "backoff_factor", "growth_interval") if saved[k] != built[k]]
+    if differing:
+        ctx.refuse("has other settings: " + ", ".join(f"{k} {saved[k]} in the file, {built[k]} now"
+                                                               for k in differing))
+
+
+def check_loss_log(rows, saved, ctx):
+    """(step, loss) rows of consecutive steps ending at the file's step (none: a file with no log of its own)."""
+    step = saved["step"]
+    for i, row in enumerate(rows):
+        if not (isinstance(row, (tuple, list)) and len(row) == 2 and type(row[0]) is int
+                and isinstance(row[1], float)):
+            ctx.refuse(f"row {i} is {row!r}, not (step, loss)")
+        if row[0] != step - len(rows) + 1 + i:
+            ctx.refuse(f"row {i} is of step {row[0]}; the rows must be consecutive steps ending at {step}")
+
+
+# --- the table ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    kind: type | tuple  # what the file must hold
+    sealed: bool  # its sha256 is recorded at save and compared at load
+    take: Callable  # live TrainingState -> the value saved
+    put: Callable | None  # (live, value): back into the live state; None: compared, never put back
+    check: Callable | None  # (value, the whole resume, Checking): refuses what this run cannot continue from
+    sharded: bool = False  # under FSDP2 it lives in the DCP shard files, not in the directory's resume.pth
+    of_run: bool = False  # the run's own record: put back only when the same run restarts (auto-resume)
+
+
+ENTRIES = (
+    # the LR schedule continues from here, counted on the total steps
+    Entry("step", int, True, lambda s: s.step, lambda s, v: setattr(s, "step", v), check_step),
+    # AdamW counted step - these updates
+    Entry("skipped_steps", int, True, lambda s: s.skipped_steps, lambda s, v: setattr(s, "skipped_steps", v),
+          check_skipped_steps),
+    # fp32 weights: half precision here would change the next step
+    Entry("model", dict, True, lambda s: model_state(s.model, s.ranks), _put_model, check_weights, sharded=True),
+    # AdamW's exp_avg and exp_avg_sq per parameter, and its step
+    Entry("optimizer", dict, True, lambda s: optimizer_state(s.model, s.optimizer, s.ranks),
+          lambda s, v: s.optimizer.load_state_dict(v), check_optimizer_state, sharded=True),
+    # the windows' data position: one generator for all ranks, so one state (the rank0_gen ablation saves
+    # rank 0's and so forgets the others')
+    Entry("gen_state", torch.Tensor, True, lambda s: s.batch_generator.get_state(),
+          lambda s, v: s.batch_generator.set_state(v), check_gen_state),
+    # the data position as a value: {epoch, batches of it read}. The minimind format's whole position (its
+    # epoch order is re-drawn from seed + epoch); with windows, epoch 0 and the batches drawn
+    Entry("data_position", dict, True, lambda s: dict(s.batches.position),
+          lambda s, v: setattr(s.batches, "position", dict(v)), check_data_position),
+    # the global RNG (dropout's masks): {"cpu": state, "cuda": state or None}
+    Entry("rng_state", dict, True, lambda s: global_rng_state(), lambda s, v: set_global_rng_state(v),
+          check_rng_state),
+    # fp16's GradScaler: its loss scale and growth tracker (None without fp16)
+    Entry("scaler", (dict, type(None)), True, lambda s: s.scaler.state_dict() if s.scaler else None, _put_scaler,
+          check_scaler_state),
+    # what must match for the continuation to be bit-exact (mmkit.fingerprint compares it first)
+    Entry("fingerprint", dict, False, lambda s: s.fingerprint, None, None),
+    # two runs of one fingerprint can differ (resumed vs noopt): auto-resume compares it
+    Entry("origin", dict, True, lambda s: s.origin, lambda s, v: setattr(s, "origin", v), None, of_run=True),
+    # a restart rewrites the same log
+    Entry("loss_log", list, True, lambda s: list(s.loss_log),
+          lambda s, v: setattr(s, "loss_log", [tuple(row) for row in v]), check_loss_log, of_run=True),
+)
+BY_NAME = {e.name: e for e in ENTRIES}
+NAMES = tuple(BY_NAME) + ("digests",)  # every key of a resume file
+
+
+def resume_state(live: TrainingState) -> dict:
+    """Everything step+1 depends on. Leave one out and the resumed run silently differs.
+
+    One file at world size 1 and under DDP (sealed as it is saved); under FSDP2 the sharded entries go to DCP
+    files and the rest, sealed, to the directory's resume.pth (mmkit.sharded).
+    """
+    return {e.name: e.take(live) for e in ENTRIES}
+
+
+def sealed(state: dict) -> tuple:
+    """The sealed keys of STATE: every sealed entry it holds (a DCP directory's resume.pth adds its manifest)."""
+    return tuple(e.name for e in ENTRIES if e.sealed and e.name in state) + (("manifest",) if "manifest" in state else ())
+
+
+def seal(state: dict) -> dict:
+    """Add the sha256 of each entry: an edit or a flipped bit that no other check sees is still refused."""
+    return {**state, "digests": {k: digest(state[k]) for k in sealed(state)}}
+
+
+def check_types(state, names, source: str) -> dict:
+    """STATE is a dict holding every one of NAMES, each of its entry's type."""
+    if not isinstance(state, dict):
+        raise UserError(f"{source} holds a {type(state).__name__}, not a resume dict")
+    missing = [k for k in names if k not in state]
+    if missing:
+        raise UserError(f"{source} lacks {', '.join(repr(k) for k in missing)}")
+    kinds = {**{e.name: e.kind for e in ENTRIES}, "digests": dict, "manifest": dict}
+    for k in names:
+        kind = kinds[k]
+        if not isinstance(state[k], kind) or (kind is int and isinstance(state[k], bool)):
+            types = " or ".join(t.__name__ for t in (kind if isinstance(kind, tuple) else (kind,)))
+            raise UserError(f"{source}: entry '{k}' is of type {type(state[k]).__name__}, not {types}")
+    return state
+
+
+def check(saved: dict, ctx: Checking, skip=()) -> None:
+    """Every entry of a resume checked against this run before a single step runs; those in SKIP (thrown
+    away by an ablation, or checked by the storage) are not. Each failure is one UserError naming the entry."""
+    for e in ENTRIES:
+        if e.check and e.name not in skip:
+            ctx.entry = e.name
+            e.check(saved[e.name], saved, ctx)
+    for name in sealed(saved):
+        if name not in skip and digest(saved[name]) != saved["digests"].get(name):
+            ctx.entry = name
+            ctx.refuse("does not match the sha256 recorded when the file was saved (edited or damaged)")
+
+
+def put(saved: dict, live: TrainingState, skip=(), same_run: bool = False) -> None:
+    """Every entry not in SKIP back into LIVE; the run's own record (origin, loss log) only for SAME_RUN."""
+    for e in ENTRIES:
+        if e.put and e.name not in skip and (same_run or not e.of_run):
+            e.put(live, saved[e.name])
+
+
+# --- the ablations: a resume that forgets (or re-derives) an entry --------------------------------------
+
+
+@dataclass(frozen=True)
+class Ablation:
+    flag: str
+    drops: tuple = ()  # entries thrown away: named, not checked, not put back
+    rewind: str | None = None  # where the data then restarts: "start", "epoch" (its first batch), "rescaled"
+    help: str = ""
+
+
+DATA_POSITION = ("gen_state", "data_position")  # the windows' generator and the position as a value
+
+ABLATIONS = {
+    "no_optim": Ablation("--no-optim", ("optimizer",), help="start AdamW afresh on resume"),
+    "no_skip": Ablation("--no-skip", DATA_POSITION, "start", help="re-seed the batch generator on resume"),
+    "restart_schedule": Ablation("--restart-schedule", help="count the LR schedule from 0 on resume"),
+    "replay": Ablation("--replay", DATA_POSITION, "epoch", help="(minimind format) replay the epoch from its first batch"),
+    "no_rng": Ablation("--no-rng", ("rng_state",), help="leave the global RNG (dropout) as a fresh run has it"),
+    "no_scaler": Ablation("--no-scaler", ("scaler",), help="(fp16) start the GradScaler afresh"),
+    "minimind_rescale": Ablation("--minimind-rescale", DATA_POSITION, "rescaled",
+                                 help="with --reshard: MiniMind's step * saved_ws // current_ws, data order "
+                                      "re-derived"),
+}
+
+
+class Expected:
+    """What a resume of this run must hold after a step: the data position and the window generator's state,
+    both after the batches read by then, less `lag` (the batches an ablation rewound)."""
+
+    def __init__(self, plan: StepPlan, seed: int, batches):
+        self.plan, self.seed, self.batches, self.lag = plan, seed, batches, 0
+
+    def position(self, step):
+        return self.plan.position(self.plan.consumed(step) - self.lag)
+
+    def gen_state(self, step):
+        b = self.batches
+        if not isinstance(b, WindowBatches):  # the minimind format never draws from it
+            return torch.Generator().manual_seed(self.seed).get_state()
+        consumed = self.plan.consumed(step) - self.lag
+        return generator_at(self.seed, consumed, len(b.tokens), b.batch_size, b.seq_len).get_state()
+
+    def rewound_from(self, step: int, position: dict) -> None:
+        """The ablations that shift the data position keep shifting it after a restart."""
+        self.lag = self.plan.consumed(step) - (position["epoch"] * (self.plan.batches_per_epoch or 0)
+                                               + position["batch"])
+
+
+def tied_names(model) -> dict:
+    """{name: the first name of the same tensor} for every state_dict entry the model ties to another."""
+    first, tied = {}, {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+        if key in first:
+            tied[name] = first[key]
+        else:
+            first[key] = name
+    return tied

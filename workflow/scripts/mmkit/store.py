@@ -1,0 +1,151 @@
+"""Saving and loading a resume, whichever form it takes: one file (world size 1, DDP) or, under FSDP2, a
+directory of DCP shards (mmkit.sharded). The loop asks "save" and "load"; this module knows the files.
+
+  save(live, path)            -> what to commit(): only then is it the real one (wait(): its bytes written)
+  read(path)                  -> the resume's entries, each of its type, of this code's format
+  resume(path, live, ...)     -> a new run continues from a resume: fingerprint, every entry checked, put back
+  auto_resume(folder, live)   -> a restarted run continues from the newest checkpoint of its own
+"""
+
+import sys
+from pathlib import Path
+
+from . import fingerprint, resume as entries, sharded
+from .atomic import sha256_file
+from .checkpoint import load_file, save_atomic
+from .errors import UserError
+
+
+def is_dir(path) -> bool:
+    return sharded.is_resume_dir(path)
+
+
+def describe(path) -> str:
+    return f"resume {'directory' if is_dir(path) else 'file'} {path}"
+
+
+# --- saving ----------------------------------------------------------------------------------------
+
+
+class Committed:
+    """A resume file: written and committed before save() returns (sharded.PendingSave: a directory's)."""
+
+    def wait(self) -> None:
+        pass
+
+    def commit(self) -> None:
+        pass
+
+
+def save(live: entries.TrainingState, path, in_background: bool = False):
+    """The live state's resume to PATH: the file (rank 0, after every rank finished the step), or under FSDP2
+    the directory (every rank its shards; in_background writes them while training goes on)."""
+    state, ranks = entries.resume_state(live), live.ranks
+    if ranks.sharded:
+        return sharded.save_resume_dir(state, path, ranks, async_save=in_background)
+    ranks.barrier()
+    if ranks.main:
+        save_atomic(entries.seal(state), path)
+    ranks.barrier()  # ... and none goes on before the file is committed
+    return Committed()
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+
+def read(path) -> dict:
+    """A resume's entries, each of the right type, of this code's format (shards of a directory: verified,
+    not loaded)."""
+    if is_dir(path):
+        state = sharded.read_resume_dir(path)
+    else:
+        state = entries.check_types(load_file(path, "resume file"), entries.NAMES, f"resume file {path}")
+    fingerprint.check_format(state["fingerprint"], describe(path))
+    return state
+
+
+def identity(path) -> str:
+    """What identifies the resume a run started from: the file, or a directory's resume.pth (which holds the
+    sha256 of every shard file)."""
+    return sha256_file(Path(path) / sharded.META if is_dir(path) else path)
+
+
+def checked_by_storage(path) -> tuple:
+    """A directory's sharded entries are checked by the manifest's sha256 and DCP's shape-checked load."""
+    return tuple(e.name for e in entries.ENTRIES if e.sharded) if is_dir(path) else ()
+
+
+def put(path, saved: dict, live: entries.TrainingState, skip=(), same_run: bool = False) -> None:
+    """Every entry not in SKIP into LIVE: a directory's sharded entries straight from its shards."""
+    if is_dir(path):
+        sharded.load_sharded(path, live.model, live.optimizer, load_optimizer="optimizer" not in skip)
+        skip = tuple(skip) + checked_by_storage(path)
+    entries.put(saved, live, skip, same_run)
+
+
+# --- continuing ------------------------------------------------------------------------------------
+
+
+def resume(path, live: entries.TrainingState, expected: entries.Expected, last_step: int, ablations=(), *,
+           seed: int, allow_mismatch=False, reshard=False) -> None:
+    """A new run continues from the resume at PATH: its fingerprint compared, every entry checked, then put
+    into LIVE, except what the ABLATIONS (mmkit.resume.Ablation) throw away or re-derive."""
+    source = describe(path)
+    if live.ranks.sharded and not is_dir(path):
+        raise UserError(f"resume file {path} holds whole tensors; an fsdp2 run continues from a resume "
+                        "directory (.dcp), or continue this file under ddp or on one rank")
+    saved = read(path)
+    fingerprint.check(saved["fingerprint"], live.fingerprint, source, allow_mismatch, reshard)
+    drops = tuple(dict.fromkeys(name for a in ablations for name in a.drops))
+    for name in drops:
+        print(f"resume: ignoring entry '{name}' of {path}", file=sys.stderr)
+    ctx = entries.Checking(live, expected, last_step, f"resume file {path}")
+    entries.check(saved, ctx, skip=drops + checked_by_storage(path))
+    put(path, saved, live, skip=drops)
+    # the ablations that throw the data position away say where the data restarts
+    rewind = next((a.rewind for a in ablations if a.rewind), None)
+    if rewind == "start":
+        live.batch_generator.manual_seed(seed)  # back to step 1's batches: what a rewound sampler does
+        live.batches.position = expected.plan.position(0)
+    elif rewind == "epoch":
+        live.batches.position = {"epoch": saved["data_position"]["epoch"], "batch": 0}  # the epoch from its start
+    elif rewind == "rescaled":
+        saved_ws, ws = saved["fingerprint"].get("world_size", 1), live.ranks.world_size
+        live.step = saved["step"] * saved_ws // ws
+        print(f"resume: MiniMind's rescale: step {saved['step']} * {saved_ws} // {ws} = {live.step}; "
+              f"data order re-derived from there", file=sys.stderr)
+        live.batch_generator.set_state(expected.gen_state(live.step))
+        live.batches.position = expected.position(live.step)
+    # else every rank took the file's one position (rank0_gen: rank 0's, so the others' is lost)
+    live.origin = {"resume_sha256": identity(path),
+                   "ablations": [a.flag for a in ablations] + ["--reshard"] * reshard
+                   + ["--allow-mismatch"] * allow_mismatch}
+
+
+def auto_resume(checkpoints, live: entries.TrainingState, expected: entries.Expected, last_step: int) -> bool:
+    """Continue from the newest checkpoint of this very run (its fingerprint and origin); True if one was found.
+
+    A torn, damaged or foreign checkpoint is skipped with a warning naming it, and the next older one tried.
+    """
+    ranks = live.ranks
+    if ranks.main:
+        checkpoints.clear_unfinished()
+    ranks.barrier()
+    for path in checkpoints.checkpoints():
+        try:
+            saved = read(path)
+            fingerprint.check(saved["fingerprint"], live.fingerprint, f"checkpoint {path}")
+            if saved["origin"] != live.origin:
+                raise UserError(f"checkpoint {path} is of another run: origin {saved['origin']}, "
+                                f"this run's {live.origin}")
+            ctx = entries.Checking(live, expected, last_step, f"resume file {path}")
+            entries.check(saved, ctx, skip=checked_by_storage(path))
+        except UserError as e:
+            if ranks.main:
+                print(f"warning: skipping checkpoint {path}: {e}", file=sys.stderr, flush=True)
+            continue
+        put(path, saved, live, same_run=True)
+        if ranks.main:
+            print(f"resume: continuing from checkpoint {path} (step {saved['step']})", file=sys.stderr, flush=True)
+        return True
+    return False
