@@ -27,7 +27,7 @@ report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/config.smk"  # the config checked, data paths, what each rule reads (READS)
-include: "workflow/rules/code.smk"  # the modules each script imports: its jobs' code inputs
+include: "workflow/rules/code.smk"  # the modules each script imports (its code inputs); launch
 include: "workflow/rules/resources.smk"  # what each job asks a cluster for
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"

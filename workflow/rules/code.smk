@@ -18,11 +18,11 @@ def code_inputs(script):
         return []
     # where `python script` finds them: the script's folder, then sys.path (mmkit's folder)
     roots = (script.parent, SCRIPTS)
-    found, todo = {}, [(script, "__main__")]
+    found, todo = set(), [(script, "__main__")]
     while todo:
         for path, module in imported_files(*todo.pop(), roots):
             if path not in found:
-                found[path] = module
+                found.add(path)
                 todo.append((path, module))
     return sorted(str(path) for path in found if path != script)
 

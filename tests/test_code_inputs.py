@@ -1,0 +1,112 @@
+"""A job's code inputs are the package modules its script imports, directly or through other modules
+(code_inputs in workflow/rules/code.smk derives them from the imports): editing a module reruns every job
+whose script imports it, and what follows from their outputs, and nothing else.
+
+The breakage these tests catch is a list of modules that misses one the script imports, as the hand-kept
+lists did: checkpoint.py imports failpoint.py, which the rules of the scripts importing checkpoint.py
+(fp16, bf16, inference, optim, resume_fp16, divergence, report, dist_divergence) did not declare, and
+the training rules missed resume.py, store.py and fingerprint.py as soon as run.py's modules imported
+them: an edit to one left those artifacts stale while they looked finished. The expected importers come
+from the standard library's modulefinder, not from the function under test.
+"""
+
+import os
+import re
+import shutil
+from modulefinder import ModuleFinder
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS, snakemake
+
+MODULES = sorted(p.name for p in (SCRIPTS / "mmkit").glob("*.py"))
+
+
+def jobs(proc) -> dict:
+    """{job: (its input files, its output files, its shell command)} from a dry run's listing (the command
+    with --printshellcmds); a job is named by its rule and first output."""
+    found = {}
+    for block in re.split(r"^\[.*\]$", proc.stdout, flags=re.M)[1:]:
+        rule = re.search(r"^(?:local)?rule (\w+):", block, re.M)
+        if not rule:
+            continue
+        files = {k: re.search(rf"^    {k}: (.*)$", block, re.M) for k in ("input", "output")}
+        files = {k: m[1].split(", ") if m else [] for k, m in files.items()}
+        shell = re.search(r"^Shell command: (.*)$", block, re.M)
+        name = ":".join([rule[1], *files["output"][:1]])
+        found[name] = (set(files["input"]), set(files["output"]), shell[1] if shell else "")
+    return found
+
+
+def imported_modules(script: Path) -> set:
+    """The package's files SCRIPT imports, as Python's own modulefinder follows them (inside functions too)."""
+    finder = ModuleFinder(path=[str(script.parent)])
+    finder.run_script(str(script))
+    return {Path(m.__file__).name for name, m in finder.modules.items()
+            if (name == "mmkit" or name.startswith("mmkit.")) and m.__file__}
+
+
+def script_of(shell: str, work: Path):
+    scripts = [w for w in shell.split() if w.endswith(".py")]
+    return work / scripts[0] if scripts else None
+
+
+@pytest.fixture(scope="module")
+def copy(pipeline, tmp_path_factory):
+    """A copy of the built tiny pipeline, up to date, with every job of `all` and what it imports."""
+    work = tmp_path_factory.mktemp("code_inputs") / "copy"
+    shutil.copytree(pipeline.parent, work, symlinks=True)  # copy2 keeps mtimes, .snakemake keeps the record
+    if jobs(snakemake(work, "-n")):  # the shared pipeline (tests/mutants.py) may be built by other code
+        snakemake(work)
+    everything = jobs(snakemake(work, "-n", "-p", "--forceall"))
+    imports = {}
+    for job, (_, _, shell) in everything.items():
+        script = script_of(shell, work)
+        imports[job] = imported_modules(script) if script else set()
+    return work, everything, imports
+
+
+def downstream(graph: dict, start: set) -> set:
+    """START and every job that reads, through any chain, an output of one of them."""
+    reached, todo = set(start), list(start)
+    while todo:
+        outputs = graph[todo.pop()][1]
+        for job, (inputs, _, _) in graph.items():
+            if job not in reached and inputs & outputs:
+                reached.add(job)
+                todo.append(job)
+    return reached
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_editing_a_module_reruns_the_jobs_whose_scripts_import_it_and_only_what_follows(copy, module):
+    work, everything, imports = copy
+    path = work / "workflow" / "scripts" / "mmkit" / module
+    text, stat = path.read_bytes(), path.stat()
+    try:
+        # a real edit: snakemake ignores a newer mtime when the file's checksum is unchanged
+        path.write_bytes(text + b"\n# edited\n")
+        planned = jobs(snakemake(work, "-n")).keys()
+    finally:
+        path.write_bytes(text)
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    importers = {job for job, modules in imports.items() if module in modules}
+    expected = downstream(everything, importers)
+    assert not importers - planned, f"{module}: jobs whose scripts import it are not rerun"
+    assert planned == expected, (f"{module}: planned but neither importing it nor downstream: "
+                                 f"{sorted(planned - expected)}; expected but not planned: {sorted(expected - planned)}")
+
+
+def test_every_job_declares_exactly_the_modules_its_script_imports(copy):
+    """Also the dist/ jobs, which the tiny pipeline does not build: a missing module leaves a job stale, an
+    extra one reruns it for nothing."""
+    work, _, _ = copy
+    checked = 0
+    for job, (inputs, _, shell) in jobs(snakemake(work, "-n", "-p", "--forceall", "all", "dist")).items():
+        script = script_of(shell, work)
+        if not script:
+            continue
+        declared = {Path(f).name for f in inputs if Path(f).parent.name == "mmkit"}
+        assert declared == imported_modules(script), job
+        checked += 1
+    assert checked > 30  # every training, dist/ and analysis job, and the settings files
