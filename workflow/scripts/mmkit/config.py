@@ -1,6 +1,6 @@
 """The experiment's configuration: one schema, one loader, for the Snakefile and every script.
 
-A job is handed only the keys its rule declares (workflow/rules/common.smk, READS), in a settings file
+A job is handed only the keys its rule declares (workflow/rules/config.smk, READS), in a settings file
 of its own. Reading any other key fails at once, so no job can depend on a setting whose change would
 not rerun it; every key read is recorded and named in the job's log when it succeeds.
 """
@@ -56,7 +56,7 @@ class Settings:
         if name not in self._values:
             raise UserError(
                 f"config key '{key}' is not in {self._source}: this job's rule does not declare it "
-                "(add it to the rule's entry in READS, workflow/rules/common.smk)"
+                "(add it to the rule's entry in READS, workflow/rules/config.smk)"
             )
         value = self._values[name]
         if isinstance(value, dict):
