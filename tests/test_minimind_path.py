@@ -25,11 +25,22 @@ def write_config(path, **overrides):
     return path
 
 
-def train(pipeline, config, out, *args):
+def run(pipeline, config, out, *args):
     data = ("--jsonl", pipeline / "data" / "train.jsonl", "--tokenizer", pipeline / "data" / "tokenizer.json")
-    proc = run_script("run.py", "--config", config, *data, "--out", out, *args)
+    return run_script("run.py", "--config", config, *data, "--out", out, *args)
+
+
+def train(pipeline, config, out, *args):
+    proc = run(pipeline, config, out, *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
+
+
+def finished(runs: dict, *names) -> dict:
+    """The stderr of each named run of parity_runs, once the test has asserted that each one finished."""
+    for name in names:
+        assert runs[name].returncode == 0, f"{name}: {runs[name].stderr[-3000:]}"
+    return {name: runs[name].stderr for name in names}
 
 
 def weights(path):
@@ -39,28 +50,30 @@ def weights(path):
 @pytest.fixture(scope="module")
 def parity_runs(pipeline, tmp_path_factory):
     """Straight and stopped with 2 workers; then resumed from the one resume file in new processes: with 2
-    workers, with 0, and with the RNG state or the epoch position left out."""
+    workers, with 0, and with the RNG state or the epoch position left out. Each test asserts that the runs it
+    reads finished (finished()): a run refused here is a failed assertion of the test, not a fixture error."""
     tmp = tmp_path_factory.mktemp("parity")
     two = write_config(tmp / "two.yaml", **PARITY)
     zero = write_config(tmp / "zero.yaml", **{**PARITY, "data": {"format": "minimind", "workers": 0}})
     resume = tmp / "resume.pth"
     with ThreadPoolExecutor(2) as pool:
-        logs = {"straight": pool.submit(train, pipeline, two, tmp / "straight.pth", "--loss-log", tmp / "straight.csv"),
-                "resume": pool.submit(train, pipeline, two, resume, "--stop-at")}
-        logs = {k: f.result().stderr for k, f in logs.items()}
-        runs = {"resumed": (two, ()), "resumed_w0": (zero, ()), "norng": (two, ("--no-rng",)),
-                "replay": (two, ("--replay",))}
-        futures = {name: pool.submit(train, pipeline, cfg, tmp / f"{name}.pth", "--resume", resume,
+        runs = {"straight": pool.submit(run, pipeline, two, tmp / "straight.pth", "--loss-log", tmp / "straight.csv"),
+                "resume": pool.submit(run, pipeline, two, resume, "--stop-at")}
+        runs = {k: f.result() for k, f in runs.items()}
+        resumes = {"resumed": (two, ()), "resumed_w0": (zero, ()), "norng": (two, ("--no-rng",)),
+                   "replay": (two, ("--replay",))}
+        futures = {name: pool.submit(run, pipeline, cfg, tmp / f"{name}.pth", "--resume", resume,
                                      "--loss-log", tmp / f"{name}.csv", *flags)
-                   for name, (cfg, flags) in runs.items()}
-        logs |= {k: f.result().stderr for k, f in futures.items()}
-    return tmp, logs
+                   for name, (cfg, flags) in resumes.items()}
+        runs |= {k: f.result() for k, f in futures.items()}
+    return tmp, runs
 
 
 def test_resumed_equals_straight_with_2_and_with_0_workers(parity_runs):
     """Catches: a data position, RNG, GradScaler or accumulation window that a resume does not restore, or
     a DataLoader whose worker count changes what a step reads."""
-    tmp, logs = parity_runs
+    tmp, runs = parity_runs
+    finished(runs, "straight", "resume", "resumed", "resumed_w0")
     straight = weights(tmp / "straight.pth")
     for name in ("resumed", "resumed_w0"):
         assert_same_state_dict(weights(tmp / f"{name}.pth"), straight)
@@ -73,7 +86,8 @@ def test_resumed_equals_straight_with_2_and_with_0_workers(parity_runs):
 
 def test_leaving_out_the_rng_or_the_epoch_position_changes_the_weights(parity_runs):
     """Catches: an RNG state or data position that does not matter (then the resume entries are untested)."""
-    tmp, logs = parity_runs
+    tmp, runs = parity_runs
+    logs = finished(runs, "straight", "resume", "norng", "replay")
     straight = weights(tmp / "straight.pth")
     for name in ("norng", "replay"):
         assert differences(weights(tmp / f"{name}.pth"), straight), name
@@ -84,7 +98,8 @@ def test_leaving_out_the_rng_or_the_epoch_position_changes_the_weights(parity_ru
 def test_the_steps_follow_minimind_accumulation_and_trailing_step(parity_runs):
     """Catches: a trailing step that is not taken or an LR not set per micro-batch, checked against MiniMind's
     loop written out here: lr from epoch * iters + step over epochs * iters micro-batches."""
-    tmp, logs = parity_runs
+    tmp, runs = parity_runs
+    logs = finished(runs, "straight")
     iters, accumulation, lr = 18, PARITY["accumulation_steps"], tiny_config()["lr"]
     updates = []  # MiniMind's loop: (micro-batch number) of the last micro-batch of each optimizer step
     for epoch in range(3):
