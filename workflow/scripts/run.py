@@ -111,8 +111,9 @@ def run(args, cfg, stop_at, device, ranks):
             if pending:
                 commit(pending)
             path = checkpoints.new_path(step, ranks.sharded)
-            pending = store.save(live, path, in_background=cfg.checkpoint.async_save and not preempted)
-            if not (cfg.checkpoint.async_save and not preempted):
+            in_background = cfg.checkpoint.async_save and not preempted
+            pending = store.save(live, path, in_background)
+            if not in_background:
                 commit(pending)
                 pending = None
             if ranks.main:
