@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import launch
 import pytest
 import torch
 import yaml
@@ -141,12 +142,10 @@ def clean_env() -> dict:
     return env
 
 
-def run_script(name: str, *args, cwd=None):
-    """Run workflow/scripts/NAME as a separate process; returns the CompletedProcess."""
-    return subprocess.run(
-        [sys.executable, str(SCRIPTS / name), *map(str, args)],
-        capture_output=True, text=True, cwd=cwd, env=clean_env(),
-    )
+def run_script(name: str, *args, cwd=None, env=None):
+    """Run workflow/scripts/NAME as a separate process (forked with torch imported: tests/launch.py); returns
+    the CompletedProcess."""
+    return launch.run(SCRIPTS / name, *args, cwd=cwd, env=env or clean_env())
 
 
 @pytest.fixture(scope="session")

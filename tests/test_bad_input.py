@@ -1,15 +1,13 @@
 """Bad input: one clear line, a non-zero exit, no output written, and nothing of the user's damaged."""
 
 import pickle
-import subprocess
-import sys
 import zipfile
 
 import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import SCRIPTS, clean_env, run_script, tiny_config
+from conftest import clean_env, run_script, tiny_config
 
 
 def assert_refused(proc, *words, out=None):
@@ -205,10 +203,9 @@ def prepare(tmp_path, corpus, env=None):
     settings = tmp_path / "tokenize.yaml"
     settings.write_text(yaml.safe_dump({"data": {"corpus": str(corpus) or None, "val_fraction": 0.1,
                                                  "tokenizer": None}, "model": {"vocab_size": 300}}))
-    args = [sys.executable, str(SCRIPTS / "prepare_data.py"), "--config", str(settings),
-            "--tokenizer", str(tmp_path / "tok.json"), "--jsonl", str(tmp_path / "train.jsonl"),
-            "--train", str(tmp_path / "train.npy"), "--val", str(tmp_path / "val.npy")]
-    return subprocess.run(args, capture_output=True, text=True, env=env or clean_env())
+    return run_script("prepare_data.py", "--config", settings, "--tokenizer", tmp_path / "tok.json",
+                      "--jsonl", tmp_path / "train.jsonl", "--train", tmp_path / "train.npy",
+                      "--val", tmp_path / "val.npy", env=env)
 
 
 def test_missing_corpus(tmp_path):

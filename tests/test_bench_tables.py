@@ -7,7 +7,6 @@ import csv
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 from conftest import REPO
 

@@ -6,7 +6,6 @@ Each test names the breakage it catches.
 
 import csv
 import math
-import os
 import pickle
 import shutil
 import signal

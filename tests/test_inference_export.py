@@ -3,7 +3,6 @@ giving the logits mmkit's model gives on the same fp16-rounded weights, head tie
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import yaml  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
+from conftest import run_script  # noqa: E402
 from mmkit.checkpoint import cast_state_dict  # noqa: E402
 from mmkit.config import load_config, model_config  # noqa: E402
 from mmkit.model import MiniMindForCausalLM  # noqa: E402
@@ -47,11 +47,8 @@ def exported(tmp_path_factory):
     weights = tmp / "straight.pth"
     torch.save(model.state_dict(), weights)
     outdir = tmp / "inference"
-    subprocess.run(
-        [sys.executable, "workflow/scripts/export_inference.py",
-         "--config", str(config), "--weights", str(weights), "--outdir", str(outdir)],
-        cwd=ROOT, check=True, capture_output=True, text=True,
-    )
+    proc = run_script("export_inference.py", "--config", config, "--weights", weights, "--outdir", outdir, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
     return {"cfg": model_config(run_cfg), "weights": weights, "outdir": outdir}
 
 
@@ -124,10 +121,7 @@ def test_export_refuses_weights_whose_head_is_not_tied(exported, tmp_path):
     untied = tmp_path / "untied.pth"
     torch.save(sd, untied)
     config = exported["outdir"].parent / "config.yaml"
-    r = subprocess.run(
-        [sys.executable, "workflow/scripts/export_inference.py",
-         "--config", str(config), "--weights", str(untied), "--outdir", str(tmp_path / "out")],
-        cwd=ROOT, capture_output=True, text=True,
-    )
+    r = run_script("export_inference.py", "--config", config, "--weights", untied, "--outdir", tmp_path / "out",
+                   cwd=ROOT)
     assert r.returncode == 2 and "not tied" in r.stderr
     assert not (tmp_path / "out" / "model.safetensors").exists()

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import launch
 import pytest
 import torch
 import yaml
@@ -39,9 +40,18 @@ def chaos_config(pipeline, tmp_path, name="c.yaml", **checkpoint) -> Path:
 
 
 def train_cmd(config, pipeline, out: Path, checkpoints: Path | None):
-    cmd = [sys.executable, str(SCRIPTS / "run.py"), "--config", str(config), "--tokens",
-           str(pipeline / "data" / "train.npy"), "--out", str(out), "--loss-log", str(out.with_suffix(".csv"))]
+    """run.py's arguments (started by start(), or after `torchrun ... run.py`)."""
+    cmd = ["--config", str(config), "--tokens", str(pipeline / "data" / "train.npy"), "--out", str(out),
+           "--loss-log", str(out.with_suffix(".csv"))]
     return cmd + (["--checkpoint-dir", str(checkpoints)] if checkpoints else [])
+
+
+def start(cmd, env=None) -> launch.Started:
+    return launch.Started(SCRIPTS / "run.py", cmd, env=env or clean_env())
+
+
+def run(cmd, env=None):
+    return start(cmd, env).finish()
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +59,7 @@ def uninterrupted(pipeline, tmp_path_factory):
     """The reference: STEPS steps in one process, without a checkpoint folder (so no periodic saves)."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
     out = tmp / "ref.pth"
-    proc = subprocess.run(train_cmd(chaos_config(pipeline, tmp), pipeline, out, None), capture_output=True,
-                          text=True, env=clean_env())
+    proc = run(train_cmd(chaos_config(pipeline, tmp), pipeline, out, None))
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out
 
@@ -67,8 +76,10 @@ def resumed_step(stderr: str) -> int:
 
 
 def kill_at_step(cmd, step: int, sig, env=None) -> tuple[int, str]:
-    """Start CMD, send SIG as soon as it reports STEP done (so the next step is being computed)."""
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env or clean_env())
+    """Start CMD (run.py's arguments, or a whole command line: torchrun's), send SIG as soon as it reports STEP
+    done (so the next step is being computed)."""
+    proc = start(cmd, env) if cmd[0].startswith("--") else subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
+                                                                              env=env or clean_env())
     lines = []
     for line in proc.stderr:
         lines.append(line)
@@ -90,8 +101,7 @@ def chaos(cmd, sig, checkpoints: Path) -> list[dict]:
     for i in range(KILLS):
         if i % 3 == 2:  # inside the first save this process makes: its bytes written, nothing renamed
             signame = "" if sig == signal.SIGKILL else f":{sig.name.removeprefix('SIG')}"
-            proc = subprocess.run(cmd, capture_output=True, text=True,
-                                  env={**clean_env(), "MMKIT_FAILPOINT": f"save:0{signame}"})
+            proc = run(cmd, {**clean_env(), "MMKIT_FAILPOINT": f"save:0{signame}"})
             code, err, where = proc.returncode, proc.stderr, "save"
         else:  # in compute: 1 .. EVERY + 1 steps past the newest checkpoint (the last, past the next one)
             # a signal noted during a save is acted on after the next step: stop early enough for that
@@ -105,7 +115,7 @@ def chaos(cmd, sig, checkpoints: Path) -> list[dict]:
             assert code == -signal.SIGKILL, err[-1500:]
         kills.append({"where": where, "resumed_from": resumed_step(err), "exit": code})
         done = newest_checkpoint(checkpoints)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_env())
+    proc = run(cmd)
     assert proc.returncode == 0, proc.stderr[-2000:]
     kills.append({"where": "finished", "resumed_from": resumed_step(proc.stderr), "exit": 0})
     return kills
@@ -135,7 +145,7 @@ def test_sigusr1_then_a_second_signal_during_the_save_checkpoints_once_and_whole
     """Catches: a second signal that interrupts the save, a USR1 that is not handled like TERM."""
     out, checkpoints = tmp_path / "job.pth", tmp_path / "checkpoints"
     cmd = train_cmd(chaos_config(pipeline, tmp_path, every=0), pipeline, out, checkpoints)
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=clean_env())
+    proc = start(cmd)
     lines = []
     for line in proc.stderr:
         lines.append(line)
@@ -150,7 +160,7 @@ def test_sigusr1_then_a_second_signal_during_the_save_checkpoints_once_and_whole
     state = torch.load(checkpoints / saved[0], weights_only=True)
     # the step whose line we saw, or the next: the signal may land before that step's check
     assert state["step"] >= 5 and len(state["loss_log"]) == state["step"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_env())
+    proc = run(cmd)
     assert proc.returncode == 0 and resumed_step(proc.stderr) == state["step"], proc.stderr[-1500:]
     assert_same_as_uninterrupted(out, uninterrupted)
 
@@ -160,7 +170,7 @@ def test_keep_leaves_the_newest_checkpoints_and_keep_when_done_keeps_the_folder(
     checkpoints = tmp_path / "checkpoints"
     cmd = train_cmd(chaos_config(pipeline, tmp_path, keep=3, keep_when_done=True), pipeline, tmp_path / "o.pth",
                     checkpoints)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_env())
+    proc = run(cmd)
     assert proc.returncode == 0, proc.stderr[-1500:]
     last = (STEPS - 1) // EVERY * EVERY  # none after the last step: the weights file is written instead
     expected = [f"step_{s:06d}.pth" for s in (last - 2 * EVERY, last - EVERY, last)]
@@ -185,8 +195,7 @@ def test_a_torn_newest_checkpoint_is_skipped_by_name_and_the_older_one_used(pipe
     newest, older = sorted(checkpoints.iterdir(), reverse=True)[:2]
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
     out = tmp_path / "job.pth"
-    proc = subprocess.run(train_cmd(config, pipeline, out, checkpoints), capture_output=True, text=True,
-                          env=clean_env())
+    proc = run(train_cmd(config, pipeline, out, checkpoints))
     assert proc.returncode == 0, proc.stderr[-1500:]
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: skipping checkpoint")]
     assert len(warnings) == 1 and str(newest) in warnings[0] and "truncated" in warnings[0], warnings
@@ -203,8 +212,7 @@ def test_checkpoints_of_another_run_are_each_named_and_never_resumed(pipeline, u
     foreign = sorted(checkpoints.iterdir())
     assert len(foreign) == 2
     out = tmp_path / "job.pth"
-    proc = subprocess.run(train_cmd(chaos_config(pipeline, tmp_path), pipeline, out, checkpoints),
-                          capture_output=True, text=True, env=clean_env())
+    proc = run(train_cmd(chaos_config(pipeline, tmp_path), pipeline, out, checkpoints))
     assert proc.returncode == 0, proc.stderr[-1500:]
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: skipping checkpoint")]
     assert len(warnings) == 2 and all("lr " in w for w in warnings), warnings
@@ -256,8 +264,7 @@ def test_a_full_disk_under_the_checkpoint_folder_is_one_error_and_the_last_check
     filler = small_disk / "filler"
     filler.write_bytes(b"\0" * (3 * 2**20 - int(1.5 * size)))  # room for one checkpoint, not two
     checkpoints = small_disk / "checkpoints"
-    proc = subprocess.run(train_cmd(config, pipeline, tmp_path / "o.pth", checkpoints), capture_output=True,
-                          text=True, env=clean_env())
+    proc = run(train_cmd(config, pipeline, tmp_path / "o.pth", checkpoints))
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "No space left on device" in errors[0], proc.stderr[-1500:]
     assert "Traceback" not in proc.stderr
@@ -313,11 +320,11 @@ def test_sigterm_to_torchrun_checkpoints_every_ddp_rank_after_the_same_step(pipe
     cfg = yaml.safe_load(chaos_config(pipeline, tmp_path).read_text())
     cfg["parallel"] = {**cfg["parallel"], "world_size": 2, "strategy": "ddp", "batch_slices": 2}
     (tmp_path / "ddp.yaml").write_text(yaml.safe_dump(cfg))
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     env = {**clean_env(), "OMP_NUM_THREADS": "1"}
 
     def ddp(out, checkpoints):
-        return launch + train_cmd(tmp_path / "ddp.yaml", pipeline, out, checkpoints)[1:]
+        return torchrun + [str(SCRIPTS / "run.py"), *train_cmd(tmp_path / "ddp.yaml", pipeline, out, checkpoints)]
 
     ref = tmp_path / "ref.pth"
     assert subprocess.run(ddp(ref, None), capture_output=True, env=env).returncode == 0

@@ -5,18 +5,23 @@ of its own. Reading any other key fails at once, so no job can depend on a setti
 not rerun it; every key read is recorded and named in the job's log when it succeeds.
 """
 
+from __future__ import annotations
+
 import copy
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jsonschema
 import yaml
 
-from .errors import AT_SUCCESS, UserError
-from .model import ModelConfig
 from .autoresume import CheckpointConfig
-from .parallel import ParallelConfig
+from .errors import AT_SUCCESS, UserError
+
+if TYPE_CHECKING:  # imported where they are built: the Snakefile checks the config without importing torch
+    from .model import ModelConfig
+    from .parallel import ParallelConfig
 
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
 
@@ -156,18 +161,22 @@ def load_config(path) -> Settings:
         raise UserError(f"config file {path} does not hold a mapping of keys")
     check_config(cfg, partial=True)
     settings = Settings(cfg, f"config file {path}")
-    AT_SUCCESS.append(lambda: print(f"config keys read from {path}: {' '.join(settings.keys_read())}",
-                                    file=sys.stderr))
+    # one write: under torchrun every rank says it into the same log, and print's two writes interleave
+    AT_SUCCESS.append(lambda: sys.stderr.write(f"config keys read from {path}: {' '.join(settings.keys_read())}\n"))
     return settings
 
 
 def model_config(cfg: Settings) -> ModelConfig:
     """The architecture: every model.* key (a change to any one reruns whoever builds the model)."""
+    from .model import ModelConfig
+
     return ModelConfig(**{k: getattr(cfg.model, k) for k in MODEL_KEYS})
 
 
 def run_config(cfg: Settings) -> RunConfig:
     """Every training key, read now, so a job missing one fails before its first step."""
+    from .parallel import ParallelConfig
+
     nested = ("model", "parallel", "checkpoint", "data_format", "workers")
     values = {k: getattr(cfg, k) for k in RunConfig.__dataclass_fields__ if k not in nested}
     model = model_config(cfg)

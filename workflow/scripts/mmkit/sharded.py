@@ -37,10 +37,6 @@ SHARDED = tuple(e.name for e in ENTRIES if e.sharded)  # the entries that live i
 META_KEYS = tuple(k for k in NAMES if k not in SHARDED) + ("manifest",)
 
 
-def is_resume_dir(path) -> bool:
-    return Path(path).is_dir() or str(path).endswith(".dcp")
-
-
 # --- saving -----------------------------------------------------------------------------------
 
 

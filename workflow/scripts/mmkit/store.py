@@ -10,14 +10,22 @@ directory of DCP shards (mmkit.sharded). The loop asks "save" and "load"; this m
 import sys
 from pathlib import Path
 
-from . import fingerprint, resume as entries, sharded
+from . import fingerprint, resume as entries
 from .atomic import sha256_file
 from .checkpoint import load_file, save_atomic
 from .errors import UserError
 
 
 def is_dir(path) -> bool:
-    return sharded.is_resume_dir(path)
+    return Path(path).is_dir() or str(path).endswith(".dcp")
+
+
+def _sharded():
+    """mmkit.sharded, imported only for a directory: torch.distributed.checkpoint adds most of a second to
+    the start of every process that would otherwise never touch it."""
+    from . import sharded
+
+    return sharded
 
 
 def describe(path) -> str:
@@ -42,7 +50,7 @@ def save(live: entries.TrainingState, path, in_background: bool = False):
     the directory (every rank its shards; in_background writes them while training goes on)."""
     state, ranks = entries.resume_state(live), live.ranks
     if ranks.sharded:
-        return sharded.save_resume_dir(state, path, ranks, async_save=in_background)
+        return _sharded().save_resume_dir(state, path, ranks, async_save=in_background)
     ranks.barrier()
     if ranks.main:
         save_atomic(entries.seal(state), path)
@@ -57,7 +65,7 @@ def read(path) -> dict:
     """A resume's entries, each of the right type, of this code's format (shards of a directory: verified,
     not loaded)."""
     if is_dir(path):
-        state = sharded.read_resume_dir(path)
+        state = _sharded().read_resume_dir(path)
     else:
         state = entries.check_types(load_file(path, "resume file"), entries.NAMES, f"resume file {path}")
     fingerprint.check_format(state["fingerprint"], describe(path))
@@ -67,7 +75,7 @@ def read(path) -> dict:
 def identity(path) -> str:
     """What identifies the resume a run started from: the file, or a directory's resume.pth (which holds the
     sha256 of every shard file)."""
-    return sha256_file(Path(path) / sharded.META if is_dir(path) else path)
+    return sha256_file(Path(path) / _sharded().META if is_dir(path) else path)
 
 
 def checked_by_storage(path) -> tuple:
@@ -78,7 +86,7 @@ def checked_by_storage(path) -> tuple:
 def put(path, saved: dict, live: entries.TrainingState, skip=(), same_run: bool = False) -> None:
     """Every entry not in SKIP into LIVE: a directory's sharded entries straight from its shards."""
     if is_dir(path):
-        sharded.load_sharded(path, live.model, live.optimizer, load_optimizer="optimizer" not in skip)
+        _sharded().load_sharded(path, live.model, live.optimizer, load_optimizer="optimizer" not in skip)
         skip = tuple(skip) + checked_by_storage(path)
     entries.put(saved, live, skip, same_run)
 
