@@ -20,8 +20,10 @@ $(BIN)/.test: requirements-test.txt $(BIN)/.runtime
 results: $(BIN)/.runtime
 	$(RUN) snakemake --cores all
 
+# .test-record/: which tree ran, how each test ended, where its tiny pipeline is (make mutants reuses them)
 test: $(BIN)/.test
-	$(RUN) python -m pytest -q -rs -n 2 --dist loadfile --no-loadscope-reorder --durations=12 tests
+	$(RUN) MMKIT_TEST_RECORD=$(abspath .test-record) MMKIT_MUTANTS_OUTCOMES=$(abspath .test-record)/outcomes.jsonl \
+		PYTHONPATH=tests python -m pytest -q -rs -p mutants -n 2 --dist loadfile --no-loadscope-reorder --durations=12 tests
 
 # break the code on purpose, one named breakage at a time: each must make a test fail (a few minutes)
 mutants: $(BIN)/.test
@@ -36,9 +38,10 @@ lint: $(BIN)/.test
 readme: results
 	$(RUN) snakemake --cores all dist
 	$(RUN) snakemake --cores all --configfile config.yaml presets/minimind-parity.yaml
+	$(RUN) snakemake --cores all audit
 	$(BIN)/python workflow/scripts/update_readme.py README.md docs/*.md results=results/summary.md \
 		settings=results/settings.md dist=results/dist/summary.md bench=bench/targets.md \
-		parity=results/minimind-parity/summary.md
+		parity=results/minimind-parity/summary.md audit=results/audit/summary.md
 
 # the benchmark (minutes; run it on a quiet machine): bench/results.md, results.csv, targets.md
 bench: $(BIN)/.test

@@ -41,6 +41,18 @@ TINY = {
 FIRST = ("test_slurm.py", "test_preemption.py")
 
 
+def pytest_sessionstart(session):
+    """make test (MMKIT_TEST_RECORD set) records which tree it runs, for make mutants (tests/mutants.py)."""
+    record = os.environ.get("MMKIT_TEST_RECORD")
+    if record and not os.environ.get("PYTEST_XDIST_WORKER"):
+        import mutants
+
+        Path(record).mkdir(exist_ok=True)
+        for name in ("outcomes.jsonl", "pipeline"):
+            (Path(record) / name).unlink(missing_ok=True)
+        (Path(record) / "tree.sha256").write_text(mutants.tree_digest() + "\n")
+
+
 def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: next((i for i, f in enumerate(FIRST) if item.path.name == f), len(FIRST)))
 
@@ -184,6 +196,8 @@ def pristine_pipeline(tmp_path_factory) -> Path:
                 failed.write_text(str(e))
                 raise
             built.touch()
+            if os.environ.get("MMKIT_TEST_RECORD"):
+                (Path(os.environ["MMKIT_TEST_RECORD"]) / "pipeline").write_text(f"{work}\n")
     return work
 
 

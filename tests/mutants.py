@@ -21,6 +21,7 @@ snakemake with the broken code (only the jobs that code feeds rerun) for the oth
 
 import argparse
 import ast
+import hashlib
 import json
 import os
 import shutil
@@ -206,6 +207,11 @@ BREAKAGES = [
 
 
 OUTCOMES = "MMKIT_MUTANTS_OUTCOMES"  # where the plugin below writes one JSON line per test phase
+# make test records here what it ran (tree.sha256), how each test ended (outcomes.jsonl, by the plugin below)
+# and where its tiny pipeline is (pipeline): make mutants takes them as its baseline and its shared pipeline
+# when the tree is the same, instead of building and running them again
+TEST_RECORD = REPO / ".test-record"
+RECORD = "MMKIT_TEST_RECORD"  # set by make test: conftest writes tree.sha256 and pipeline there
 STOP = "MMKIT_MUTANTS_STOP"  # set: end the pytest run at the first assertion that catches the breakage
 
 
@@ -255,10 +261,22 @@ def broken(b: Breakage, text: str) -> str:
     return text[:start] + text[start:end].replace(b.old, b.new) + text[end:]
 
 
+def tracked_files() -> list:
+    return subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout.split()
+
+
+def tree_digest() -> str:
+    """The sha256 of every tracked (or untracked, not ignored) file's name and bytes: which code a test run ran."""
+    h = hashlib.sha256()
+    for f in sorted(tracked_files()):
+        if (REPO / f).is_file():
+            h.update(f.encode() + b"\0" + (REPO / f).read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def tracked_copy(dest: Path) -> Path:
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
-                           text=True, check=True).stdout.split()
-    for f in files:
+    for f in tracked_files():
         if (REPO / f).is_file():
             (dest / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / f, dest / f)
@@ -282,7 +300,7 @@ def run_tests(work: Path, root: Path, tests, shared: Path, *options, update=Fals
     outcomes.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(work / "tests"), OUTCOMES: str(outcomes),
            "MMKIT_SHARED_PIPELINE": str(shared)}
-    for name in ("MMKIT_SHARED_PIPELINE_UPDATE", "CI", STOP):
+    for name in ("MMKIT_SHARED_PIPELINE_UPDATE", "CI", STOP, RECORD):
         env.pop(name, None)  # CI: under CI=true a skipped test fails, and a skip must not count as a catch
     if update:
         env["MMKIT_SHARED_PIPELINE_UPDATE"] = "1"
@@ -300,16 +318,34 @@ def of(tests, records) -> list:
     return [r for r in records if any(r["test"] == t or r["test"].startswith((t + "::", t + "[")) for t in tests)]
 
 
-def baseline(chosen, tmp: Path, shared: Path, runs: int) -> dict:
+def recorded_test_run():
+    """(outcomes, pipeline) of the make test run recorded in TEST_RECORD, if it ran exactly this tree and
+    built its pipeline; else None."""
+    try:
+        same = (TEST_RECORD / "tree.sha256").read_text().strip() == tree_digest()
+        pipeline = Path((TEST_RECORD / "pipeline").read_text().strip())
+        records = [json.loads(line) for line in (TEST_RECORD / "outcomes.jsonl").read_text().splitlines()]
+    except (OSError, ValueError):
+        return None
+    return (records, pipeline) if same and (pipeline.parent / "pipeline.built").exists() else None
+
+
+def baseline(chosen, tmp: Path, shared: Path, runs: int, recorded=None) -> dict:
     """{tests: what is wrong with them on the unbroken code} for every distinct test set of CHOSEN that does
-    not pass RUNS times over: a failure, an error, a skip, or no test at all."""
+    not pass RUNS times over: a failure, an error, a skip, or no test at all. RECORDED: the outcomes of a
+    make test run of this very tree, taken as the first run."""
     sets = list(dict.fromkeys(b.tests for b in chosen))
     ids = list(dict.fromkeys(t for tests in sets for t in tests))
     work = tracked_copy(tmp / "baseline" / "code")
     wrong = {}
     for run in range(runs):
-        records, last = run_tests(work, tmp / "baseline", ids, shared, "-n", "2", "--dist", "loadfile")
-        print(f"baseline {run + 1} of {runs}: {len(ids)} test ids on the unbroken code [{last}]", flush=True)
+        if run == 0 and recorded is not None:
+            records = recorded
+            print(f"baseline 1 of {runs}: {len(ids)} test ids, from make test's run of this tree "
+                  f"({TEST_RECORD.name}/)", flush=True)
+        else:
+            records, last = run_tests(work, tmp / "baseline", ids, shared, "-n", "2", "--dist", "loadfile")
+            print(f"baseline {run + 1} of {runs}: {len(ids)} test ids on the unbroken code [{last}]", flush=True)
         for tests in sets:
             mine = of(tests, records)
             bad = [r for r in mine if r["outcome"] != "passed"]
@@ -318,7 +354,7 @@ def baseline(chosen, tmp: Path, shared: Path, runs: int) -> dict:
                 wrong.setdefault(tests, f"run {run + 1}: {r['test']} {r['outcome']} in {r['when']} "
                                         f"({r['exception']} at {r['at']}: {r['message']})")
             elif not [r for r in mine if r["when"] == "call"]:
-                wrong.setdefault(tests, f"run {run + 1}: no test ran [{last}]")
+                wrong.setdefault(tests, f"run {run + 1}: no test ran")
     return wrong
 
 
@@ -351,6 +387,8 @@ def main():
     p.add_argument("-j", type=int, default=2, help="breakages tried at once (each in its own folder)")
     p.add_argument("--list", action="store_true", help="print the chosen breakages and exit")
     p.add_argument("--baseline-runs", type=int, default=1, help="times the tests run on the unbroken code first")
+    p.add_argument("--fresh", action="store_true", help="build the pipeline and run the baseline here, even if "
+                   "make test recorded a run of this tree")
     args = p.parse_args()
     chosen = [b for b in BREAKAGES if args.k in b.name]
     for b in chosen:  # a stale table fails here, before anything is built
@@ -363,9 +401,14 @@ def main():
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
         tmp = Path(tmp)
-        print("building the shared tiny pipeline with the unbroken code ...", flush=True)
-        shared = build_shared_pipeline(tmp / "shared")
-        wrong = baseline(chosen, tmp, shared, args.baseline_runs)
+        recorded = None if args.fresh else recorded_test_run()
+        if recorded:
+            shared = recorded[1]
+            print(f"the shared tiny pipeline: make test's, built by this tree ({shared})", flush=True)
+        else:
+            print("building the shared tiny pipeline with the unbroken code ...", flush=True)
+            shared = build_shared_pipeline(tmp / "shared")
+        wrong = baseline(chosen, tmp, shared, args.baseline_runs, recorded and recorded[0])
         for tests, why in wrong.items():
             print(f"BASELINE FAILS  {', '.join(tests)}: {why}", flush=True)
 
