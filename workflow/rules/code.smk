@@ -74,3 +74,27 @@ def launch(world_size):
         return "python"
     # OMP_NUM_THREADS silences torchrun's warning; each rank sets its own torch threads from the config
     return f"OMP_NUM_THREADS={config['threads']} torchrun --standalone --nproc-per-node {world_size}"
+
+
+# The audit's adapters (workflow/rules/audit.smk): a row of the matrix is a framework, or FRAMEWORK_RECIPE, the
+# framework's recipe with the fix it needs from its user, run by the framework's adapter with --recipe RECIPE.
+
+
+def adapter_of(row):
+    """As mmkit.audit.adapter_of (which the DAG cannot import without torch): FRAMEWORK_RECIPE runs FRAMEWORK's
+    adapter with --recipe RECIPE."""
+    framework, _, recipe = row.partition("_")
+    return framework, ["--recipe", recipe] if recipe else []
+
+
+def adapter(w):
+    """The adapter script of a row: its framework's (a recipe row passes flags: params.recipe)."""
+    return SCRIPTS / f"audit_{adapter_of(w.framework)[0]}.py"
+
+
+def adapter_code(w):
+    return code_inputs(adapter(w))
+
+
+def recipe_flags(w):
+    return " ".join(adapter_of(w.framework)[1])

@@ -75,6 +75,11 @@ READS = {
     "fp16": ["model", "seq_len"],  # with bf16
     "inference": ["model"],
     "divergence": ["model", "seq_len"],
+    "audit": [
+        "seed",
+        "threads",
+        "model.vocab_size",
+    ],  # the audit's sizes are its own (mmkit/audit.py)
 }
 # entries of READS whose parallel section is laid over the config's: dist.smk adds its rank layouts
 LAYOUTS = {}

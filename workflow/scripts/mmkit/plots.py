@@ -53,3 +53,26 @@ def plot_gaps(losses: dict[str, dict[int, float]], stop_at: int, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
+
+
+AUDIT_COLOURS = {"exact": "#4caf50", "repaired": "#ffb300", "unknown": "#e53935", "failed": "#757575"}
+
+
+def plot_audit(grid: list[list[str]], frameworks: list, scenarios: list, path) -> None:
+    """The audit matrix as a heat map: frameworks by scenarios, each cell coloured by its verdict."""
+    from matplotlib.colors import ListedColormap
+
+    names = list(AUDIT_COLOURS)
+    fig, ax = plt.subplots(figsize=(1.3 * len(scenarios) + 2, 0.6 * len(frameworks) + 1.6))
+    ax.imshow([[names.index(v) for v in row] for row in grid], cmap=ListedColormap(list(AUDIT_COLOURS.values())),
+              vmin=0, vmax=len(names) - 1, aspect="auto")
+    for i, row in enumerate(grid):
+        for j, v in enumerate(row):
+            ax.text(j, i, v, ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(scenarios)), scenarios, rotation=30, ha="right", fontsize=8)
+    ax.set_yticks(range(len(frameworks)), frameworks, fontsize=8)
+    ax.set_title("Resumed vs straight, bit for bit (repaired: exact once the named piece is restored by hand)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)

@@ -1,0 +1,41 @@
+"""The audit's matrix from its cells: matrix.csv (one row per framework and scenario), summary.md, matrix.png and
+the report's section on it (report.md)."""
+
+import argparse
+import csv
+import io
+import json
+from pathlib import Path
+
+from mmkit.atomic import write_text_atomic
+from mmkit.audit import COLUMNS, report_section, summary_table, verdict
+from mmkit.errors import run_cli
+from mmkit.plots import plot_audit
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--cells", nargs="+", required=True)
+    p.add_argument("--controls", nargs="+", required=True)
+    p.add_argument("--csv", required=True)
+    p.add_argument("--summary", required=True)
+    p.add_argument("--plot", required=True)
+    p.add_argument("--report", required=True)
+    args = p.parse_args()
+    rows = [json.loads(Path(c).read_text()) for c in args.cells]
+    controls = [json.loads(Path(c).read_text()) for c in args.controls]
+    out = io.StringIO()
+    writer = csv.DictWriter(out, COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomic(args.csv, out.getvalue())
+    write_text_atomic(args.summary, summary_table(rows, controls))
+    write_text_atomic(args.report, report_section(rows, controls))
+    frameworks = list(dict.fromkeys(r["framework"] for r in rows))
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    by = {(r["framework"], r["scenario"]): verdict(r) for r in rows}
+    plot_audit([[by[f, s] for s in scenarios] for f in frameworks], frameworks, scenarios, args.plot)
+
+
+if __name__ == "__main__":
+    run_cli(main)
