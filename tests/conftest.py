@@ -37,8 +37,9 @@ TINY = {
 
 # the tests that mostly wait (on SLURM's polling, on processes killed and restarted) go first, so that
 # under pytest-xdist (make test: -n 2 --dist loadfile --no-loadscope-reorder, which keeps this order
-# rather than the biggest files first) the other worker fills both cores meanwhile
-FIRST = ("test_slurm.py", "test_preemption.py")
+# rather than the biggest files first) the other worker fills both cores meanwhile; the audit's build
+# (snakemake --cores 2) next, to take the core the SLURM test leaves idle
+FIRST = ("test_slurm.py", "test_preemption.py", "test_audit.py")
 
 
 def pytest_sessionstart(session):
