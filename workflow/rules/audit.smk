@@ -167,6 +167,12 @@ rule audit_matrix:
         controls=expand(
             rules.audit_control.output.json, framework=config["audit"]["frameworks"]
         ),
+        # what fp16 really trained in: its straight weights against the fp32 and bf16 runs'
+        straight=expand(
+            rules.audit_straight.output.weights,
+            framework=config["audit"]["frameworks"],
+            scenario=config["audit"]["scenarios"],
+        ),
     output:
         csv=f"{AUDIT}/matrix.csv",
         summary=f"{AUDIT}/summary.md",

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from mmkit.atomic import write_text_atomic
-from mmkit.audit import COLUMNS, report_section, summary_table, verdict
+from mmkit.audit import COLUMNS, fp16_as_trained, report_section, summary_table, verdict
+from mmkit.checkpoint import load_file
 from mmkit.errors import run_cli
 from mmkit.plots import plot_audit
 
@@ -29,7 +30,9 @@ def main():
     writer.writeheader()
     writer.writerows(rows)
     write_text_atomic(args.csv, out.getvalue())
-    write_text_atomic(args.summary, summary_table(rows, controls))
+    straight = {(r["framework"], r["scenario"]): load_file(Path(c).parent / "straight" / "weights.pt", "weights file")
+                for r, c in zip(rows, args.cells) if r["scenario"] in ("fp16", "bf16", "mid_epoch")}
+    write_text_atomic(args.summary, summary_table(rows, controls, fp16_as_trained(straight)))
     write_text_atomic(args.report, report_section(rows, controls))
     frameworks = list(dict.fromkeys(r["framework"] for r in rows))
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))

@@ -452,9 +452,27 @@ def verdict(row: dict) -> str:
     return "failed" if row["cause"].startswith("resume failed") else "unknown"
 
 
-def summary_table(rows: list, controls: list) -> str:
+def fp16_as_trained(straight_weights: dict) -> dict:
+    """{framework: what its fp16 straight run really trained in}: "fp32" or "bf16" where its weights are bit
+    for bit those of its fp32 (mid_epoch) or bf16 straight run, else "fp16". STRAIGHT_WEIGHTS: {(framework,
+    scenario): state_dict}."""
+    from .checkpoint import compare_state_dicts
+
+    def same(a, b):
+        return a in straight_weights and b in straight_weights and all(
+            g == 0.0 for g in compare_state_dicts(straight_weights[a], straight_weights[b]).values())
+
+    found = {}
+    for framework in dict.fromkeys(f for f, s in straight_weights if s == "fp16"):
+        as_fp32, as_bf16 = (same((framework, "fp16"), (framework, other)) for other in ("mid_epoch", "bf16"))
+        found[framework] = "fp32" if as_fp32 else "bf16" if as_bf16 else "fp16"
+    return found
+
+
+def summary_table(rows: list, controls: list, fp16: dict) -> str:
     """summary.md: frameworks by scenarios, each cell its verdict and, where not exact, the first step and
-    piece that differ; then the negative controls and the versions."""
+    piece that differ; then the negative controls, what fp16 really trained in (FP16, from fp16_as_trained)
+    and the versions."""
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
     frameworks = list(dict.fromkeys(r["framework"] for r in rows))
     by = {(r["framework"], r["scenario"]): r for r in rows}
@@ -481,6 +499,9 @@ def summary_table(rows: list, controls: list) -> str:
     lines.append(f"Negative controls (optimizer state emptied): {len(caught)} of {len(controls)} caught at the "
                  "first step after the cut (" + ", ".join(f"{c['framework']}: step {c['first_step']} "
                                                           f"{c['first_state']}" for c in controls) + ").")
+    if fp16:
+        lines.append("fp16 on CPU, as trained (its straight weights bit for bit those of the fp32 or bf16 run): "
+                     + ", ".join(f"{f}: {how}" for f, how in fp16.items()) + ".")
     causes = sorted({r["cause"] for r in rows if verdict(r) != "exact"})
     if causes:
         lines += ["", "Causes: " + "; ".join(causes) + "."]
