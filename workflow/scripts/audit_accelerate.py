@@ -15,14 +15,12 @@ from pathlib import Path
 import torch
 
 from mmkit.audit import (BATCH_SIZE, GRAD_CLIP, LR, STEPS, WEIGHT_DECAY, Certificate, CutState, adapter_args,
-                         build_model, collate, cosine, load_inputs, resume_failed, resume_source, run_adapter,
-                         save_weights, without_optimizer_state)
+                         build_model, collate, cosine, emptied_optimizer_files, load_inputs, resume_failed,
+                         resume_source, run_adapter, save_weights)
 from mmkit.errors import UserError
 
 
-def empty_optimizer(folder: Path) -> None:
-    for path in folder.glob("step_*/optimizer.bin"):
-        torch.save(without_optimizer_state(torch.load(path, weights_only=True)), path)
+empty_optimizer = emptied_optimizer_files("step_*/optimizer.bin")  # the optimizer's state_dict, saved alone
 
 
 def main():

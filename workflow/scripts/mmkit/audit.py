@@ -283,6 +283,16 @@ def without_optimizer_state(sd: dict) -> dict:
     return {"state": {}, "param_groups": sd["param_groups"]}
 
 
+def emptied_optimizer_files(pattern: str):
+    """The negative control's edit for a framework that saves the optimizer's state_dict alone in a file:
+    each file matching PATTERN in the folder rewritten without its per-parameter state."""
+    def empty(folder: Path) -> None:
+        for path in folder.glob(pattern):
+            torch.save(without_optimizer_state(torch.load(path, weights_only=True)), path)
+
+    return empty
+
+
 def resume_source(args, empty_optimizer) -> Path:
     """The folder a resumed run resumes from: the stopped run's, or for the negative control a copy of it
     in which EMPTY_OPTIMIZER(copy) has emptied the optimizer state, the framework's own file format kept."""
