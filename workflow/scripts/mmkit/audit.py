@@ -449,7 +449,6 @@ def judge(framework: str, scenario: str, straight: list, stop: list, resumed: li
 
 COLUMNS = ("framework", "version", "torch", "scenario", "exact", "max_abs_dw", "first_step", "first_state", "cause",
            "repair_exact", "deterministic")
-VERDICTS = ("exact", "repaired", "unknown", "failed")  # the picture's colours, in this order
 
 
 def verdict(row: dict) -> str:
