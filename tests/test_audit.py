@@ -68,7 +68,8 @@ def test_each_framework_resumes_through_its_own_resume_and_the_cell_says_how_exa
 
 def test_a_straight_run_of_each_adapter_is_deterministic(built, tmp_path):
     """Catches: an adapter whose straight run draws something unseeded (its weights or any certificate row
-    differ between two processes), which would make every cell of its framework meaningless."""
+    differ between two processes), which would make every cell of its framework meaningless; and a run forked
+    by the cell (mmkit.audit.Runs) that is not what a new interpreter computes: this one is a plain process."""
     settings, tokens = built.parent / "settings" / "audit.yaml", built.parent / "data" / "train.npy"
     for framework in FRAMEWORKS:
         out = tmp_path / framework

@@ -77,24 +77,14 @@ def launch(world_size):
 
 
 # The audit's adapters (workflow/rules/audit.smk): a row of the matrix is a framework, or FRAMEWORK_RECIPE, the
-# framework's recipe with the fix it needs from its user, run by the framework's adapter with --recipe RECIPE.
-
-
-def adapter_of(row):
-    """As mmkit.audit.adapter_of (which the DAG cannot import without torch): FRAMEWORK_RECIPE runs FRAMEWORK's
-    adapter with --recipe RECIPE."""
-    framework, _, recipe = row.partition("_")
-    return framework, ["--recipe", recipe] if recipe else []
+# framework's recipe with the fix it needs from its user, which the cell runs with --recipe RECIPE
+# (mmkit.audit.adapter_of).
 
 
 def adapter(w):
-    """The adapter script of a row: its framework's (a recipe row passes flags: params.recipe)."""
-    return SCRIPTS / f"audit_{adapter_of(w.framework)[0]}.py"
+    """The adapter script of a row: its framework's."""
+    return SCRIPTS / f"audit_{w.framework.partition('_')[0]}.py"
 
 
 def adapter_code(w):
     return code_inputs(adapter(w))
-
-
-def recipe_flags(w):
-    return " ".join(adapter_of(w.framework)[1])

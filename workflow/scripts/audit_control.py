@@ -9,26 +9,23 @@ import tempfile
 from pathlib import Path
 
 from mmkit.atomic import write_text_atomic
-from mmkit.audit import SCENARIOS, STEPS, first_difference, read_certificate, resumed_run, version
+from mmkit.audit import SCENARIOS, STEPS, Runs, first_difference, read_certificate, version
 from mmkit.errors import run_cli
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__)
-    for name in ("framework", "scenario", "adapter", "settings", "tokens", "straight", "stopped", "cell", "out",
-                 "certificate"):
+    for name in ("framework", "scenario", "adapter", "settings", "tokens", "cell", "out", "certificate"):
         p.add_argument(f"--{name}", required=True)
     args = p.parse_args()
-    straight, cut = Path(args.straight), SCENARIOS[args.scenario].cut
-    cell = json.loads(Path(args.cell).read_text())
-    repairs = cell["repaired"]  # what made the cell exact: then only the emptied optimizer is left to see
-    job = {"framework": args.framework, "adapter": args.adapter, "settings": args.settings, "tokens": args.tokens, "scenario": args.scenario,
-           "checkpoint": str(Path(args.stopped) / "checkpoints"), "cut_state": str(straight / "cut_state.pt"),
-           "reference": str(straight / "certificate.jsonl")}
+    cell_dir, cut = Path(args.cell), SCENARIOS[args.scenario].cut
+    repairs = json.loads((cell_dir / "cell.json").read_text())["repaired"]  # then only the emptied optimizer is left
+    runs = Runs(args.framework, args.adapter, args.settings, args.tokens, args.scenario, cell_dir)
     with tempfile.TemporaryDirectory(prefix="control-") as tmp:
-        certificate, _ = resumed_run(job, Path(tmp), repair=repairs, drop_optimizer=True)
+        certificate, _ = runs.resumed_again(Path(tmp), repair=repairs, drop_optimizer=True)
         write_text_atomic(args.certificate, (Path(tmp) / "certificate.jsonl").read_text())
-    first = first_difference(read_certificate(straight / "certificate.jsonl"), certificate, range(cut + 1, STEPS + 1))
+    first = first_difference(read_certificate(cell_dir / "straight/certificate.jsonl"), certificate,
+                             range(cut + 1, STEPS + 1))
     row = {"framework": args.framework, "version": version(args.framework), "scenario": args.scenario,
            "control": "optimizer state emptied", "repairs": repairs, "cut": cut,
            "first_step": first[0] if first else None, "first_state": first[1] if first else None,

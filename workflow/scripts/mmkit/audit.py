@@ -11,6 +11,7 @@ import hashlib
 import importlib.metadata
 import json
 import math
+import os
 import random
 import sys
 from dataclasses import dataclass
@@ -390,28 +391,100 @@ def weights_gap(a: dict, b: dict) -> tuple[bool, float]:
     return all(g == 0.0 for g in gaps.values()), max(gaps.values())
 
 
-def resumed_run(job: dict, out: Path, repair=(), drop_optimizer=False) -> tuple[list, dict]:
-    """Run the adapter once more as a resumed process (a repair or a negative control): (certificate, weights).
+# --- the runs of a cell: each a new process -------------------------------------------------------------
 
-    JOB: the row (framework), its adapter script, settings, tokens, scenario, the stopped run's checkpoint
-    folder, the straight run's certificate and cut state."""
-    import subprocess
+# what a run imports (the framework, and what torch and the config load lazily): the cell's process imports it
+# once, so that each run forked from it does not pay the imports again (most of a run's time)
+PRELOAD = {"own": (), "transformers": ("transformers.trainer",), "accelerate": ("accelerate",),
+           "lightning": ("lightning.pytorch",)}
+PRELOAD_ALWAYS = ("torch._dynamo", "jsonschema", "mmkit.config", "mmkit.data", "mmkit.checkpoint")
 
-    from .checkpoint import load_file
 
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, job["adapter"], "--settings", job["settings"], "--tokens", job["tokens"],
-           "--scenario", job["scenario"], "--mode", "resumed", "--checkpoints", str(out / "checkpoints"),
-           "--resume-from", job["checkpoint"], "--certificate", str(out / "certificate.jsonl"),
-           "--weights", str(out / "weights.pt"), "--cut-state", job["cut_state"], "--reference", job["reference"],
-           *adapter_of(job["framework"])[1]]
-    cmd += (["--repair", *repair] if repair else []) + (["--drop-optimizer"] if drop_optimizer else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    sys.stderr.write(proc.stderr)
-    if proc.returncode != 0:
-        raise UserError(f"the {' '.join(repair) or 'control'} run of {job['adapter']} failed: "
-                        f"{(proc.stderr.strip().splitlines() or ['no message'])[-1]}")
-    return read_certificate(out / "certificate.jsonl"), load_file(out / "weights.pt", "weights file")
+class Runs:
+    """The runs of one cell (straight, stopped, resumed, a repair, a negative control), each a new process.
+
+    Each is forked from this one, which has imported the framework and the adapter but seeded, built and
+    trained nothing: a run starts from what a new interpreter holds after the same imports, and a resumed run
+    knows nothing of the stopped one but its checkpoint folder. Python's and numpy's global RNGs, which a new
+    interpreter seeds from the OS, are seeded from the OS again in each run; torch's is the one the imports
+    left, as in a new interpreter. What the runs of one cell share is the hash seed.
+    """
+
+    def __init__(self, row: str, adapter, settings, tokens, scenario: str, cell: Path):
+        import importlib.util
+
+        framework, self.recipe = adapter_of(row)
+        require(row)
+        torch.set_num_threads(1)  # this process compares weights between runs: no OpenMP pool may exist at a fork
+        for name in PRELOAD_ALWAYS + PRELOAD[framework]:
+            importlib.import_module(name)
+        spec = importlib.util.spec_from_file_location(f"audit_{framework}", adapter)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        self.adapter, self.main, self.cell = Path(adapter), module.main, Path(cell)
+        self.common = ("--settings", settings, "--tokens", tokens, "--scenario", scenario)
+
+    def run(self, name: str, *args) -> None:
+        """The adapter with ARGS in a new process; its output follows this process's, under a line naming it."""
+        import tempfile
+        import traceback
+
+        with tempfile.TemporaryFile() as log:
+            sys.stdout.flush(), sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
+                    random.seed(), np.random.seed()
+                    sys.argv = [str(self.adapter), *map(str, (*self.common, *args)), *self.recipe]
+                    run_adapter(self.main)
+                    code = 0
+                except SystemExit as e:
+                    code = e.code if isinstance(e.code, int) else int(e.code is not None)
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    sys.stdout.flush(), sys.stderr.flush()
+                    os._exit(code)
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            log.seek(0)
+            output = log.read().decode(errors="replace")
+        print(f"--- {self.adapter.name}, {name} run (exit {code}) ---\n{output}", file=sys.stderr, flush=True)
+        if code != 0:
+            last = (output.strip().splitlines() or ["no message"])[-1].removeprefix("error: ")
+            raise UserError(f"the {name} run of {self.adapter.name} failed: {last}")
+
+    def stopped_checkpoints(self) -> Path:
+        return self.cell / "stopped" / "checkpoints"
+
+    def straight_stopped_resumed(self, scratch: Path) -> None:
+        """The cell's three runs: straight, stopped right after the framework's checkpoint at the cut, resumed."""
+        straight, stopped, resumed = (self.cell / name for name in ("straight", "stopped", "resumed"))
+        for folder in (straight, stopped, resumed):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.run("straight", "--mode", "straight", "--checkpoints", scratch / "straight",
+                 "--certificate", straight / "certificate.jsonl", "--weights", straight / "weights.pt",
+                 "--cut-state", straight / "cut_state.pt")
+        self.run("stopped", "--mode", "stop", "--checkpoints", self.stopped_checkpoints(),
+                 "--certificate", stopped / "certificate.jsonl")
+        self.run("resumed", "--mode", "resumed", "--checkpoints", scratch / "resumed",
+                 "--resume-from", self.stopped_checkpoints(), "--certificate", resumed / "certificate.jsonl",
+                 "--weights", resumed / "weights.pt")
+
+    def resumed_again(self, out: Path, repair=(), drop_optimizer=False) -> tuple[list, dict]:
+        """One more resumed run (a repair that restores REPAIR by hand, or a negative control), in OUT:
+        (certificate, weights)."""
+        from .checkpoint import load_file
+
+        straight = self.cell / "straight"
+        out.mkdir(parents=True, exist_ok=True)
+        self.run("negative control" if drop_optimizer else f"{' + '.join(repair)} repair",
+                 "--mode", "resumed", "--checkpoints", out / "checkpoints", "--resume-from", self.stopped_checkpoints(),
+                 "--certificate", out / "certificate.jsonl", "--weights", out / "weights.pt",
+                 "--cut-state", straight / "cut_state.pt", "--reference", straight / "certificate.jsonl",
+                 *(["--repair", *repair] if repair else []), *(["--drop-optimizer"] if drop_optimizer else []))
+        return read_certificate(out / "certificate.jsonl"), load_file(out / "weights.pt", "weights file")
 
 
 def judge(framework: str, scenario: str, straight: list, stop: list, resumed: list, straight_w: dict,
