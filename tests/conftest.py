@@ -169,15 +169,16 @@ def pristine_pipeline(tmp_path_factory) -> Path:
     Under pytest-xdist the workers share one build: the first to get here builds it in the session's folder
     that all workers share (the parent of each worker's basetemp), under a file lock; the others wait and
     find it done. MMKIT_SHARED_PIPELINE names one already built (by tests/mutants.py, with the unbroken code);
-    with MMKIT_SHARED_PIPELINE_UPDATE=1 a copy of it is brought up to date with the code under test instead
-    (snakemake reruns the jobs whose code is newer: the broken file's).
+    with MMKIT_SHARED_PIPELINE_UPDATE="TARGET ..." a copy of it where those targets are brought up to date with
+    the code under test instead (snakemake reruns the jobs leading to them whose code is newer: the broken
+    file's).
     """
     shared = os.environ.get("MMKIT_SHARED_PIPELINE")
     if shared and os.environ.get("MMKIT_SHARED_PIPELINE_UPDATE"):
         work = tmp_path_factory.mktemp("updated") / "copy"
         shutil.copytree(shared, work, symlinks=True)
         copy_workflow(work)
-        snakemake(work)
+        snakemake(work, *os.environ["MMKIT_SHARED_PIPELINE_UPDATE"].split())
         return work
     if shared:
         return Path(shared)

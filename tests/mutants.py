@@ -11,11 +11,12 @@ broken code cannot build) or another exception in the test says only that someth
 checks it; such a breakage is reported MISSED with what did happen.
 
 A tiny pipeline built once by the unbroken code is shared with the baseline and every breakage: as is with
-those whose tests only read its inputs (tokens, settings, a resume file to edit), brought up to date by
-snakemake with the broken code (only the jobs that code feeds rerun) for the others.
+those whose tests only read its inputs (tokens, settings, a resume file to edit); for the others, the
+artifacts their tests read are brought up to date by snakemake with the broken code (only the jobs that
+lead to them and that code feeds rerun).
 
   python tests/mutants.py            # every breakage; exit 1 if any is missed or a baseline fails
-  python tests/mutants.py -k digest  # those whose name contains 'digest'
+  python tests/mutants.py -k digest  # those whose name matches 'digest' (a regular expression)
   python tests/mutants.py --list     # the table: name, where, tests
 """
 
@@ -24,6 +25,7 @@ import ast
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,7 +50,7 @@ class Breakage:
     old: str  # occurs exactly once inside that function
     new: str
     tests: tuple
-    shared: bool = True  # False: the tests read artifacts the broken code builds (see below)
+    rebuild: tuple = ()  # the artifacts the tests read that the broken code builds differently (see below)
 
 
 CONTENTS = T + "test_resume_contents.py::test_resume_file_with_bad_contents_is_refused_naming_the_entry"
@@ -59,14 +61,15 @@ PRE = T + "test_preemption.py::"
 DIST = T + "test_dist.py::"
 MINIMIND = T + "test_minimind_path.py::"
 STEP = T + "test_step_options.py::"
-# One row per breakage: Breakage(name, file, function, old, new, tests, shared=True).
+# One row per breakage: Breakage(name, file, function, old, new, tests, rebuild=()).
 #   function: where OLD lives, found with ast: "name", "Class.method", or "<module>" (the whole file). OLD must
 #             occur exactly once in that function's source, so a function moved within its file still matches,
 #             and a refactor that renames it or edits the snippet fails here loudly, before anything runs.
 #   tests:    pytest ids (a file, a test, or one parametrization); one of them must fail on an assertion.
-#   shared:   False when the tests read artifacts that the broken code would build differently: then they get
-#             a copy of the shared pipeline brought up to date by snakemake, which reruns the jobs whose code
-#             (the broken file) is newer than their outputs.
+#   rebuild:  the artifacts (snakemake targets) the tests read that the broken code would build differently:
+#             then they get a copy of the shared pipeline where snakemake brings those targets up to date,
+#             rerunning the jobs that lead to them whose code (the broken file) is newer than their outputs.
+#             Only those: the tests read nothing else that the broken code builds.
 BREAKAGES = [
     # checkpoint I/O
     Breakage("atomic: no fsync of the file", M + "atomic.py", "write_atomic", "            os.fsync(f.fileno())\n",
@@ -105,7 +108,8 @@ BREAKAGES = [
     Breakage("ablation: noskip does not rewind the data", M + "store.py", "resume",
              "        live.batch_generator.manual_seed(seed)  #",
              '        live.batch_generator.set_state(saved["gen_state"])  #',
-             (T + "test_pipeline.py::test_every_ablation_silently_changes_the_result",), False),
+             (T + "test_pipeline.py::test_every_ablation_silently_changes_the_result[noskip]",),
+             ("results/straight.pth", "results/noskip.pth")),
     Breakage("ablation: halfresume keeps fp32 weights", "workflow/scripts/halve_resume.py", "main",
              '"model": cast_state_dict(state["model"], torch.float16)', '"model": state["model"]',
              (T + "test_bad_input.py::test_a_resume_file_with_halved_weights_is_refused_unless_allow_mismatch",)),
@@ -163,12 +167,13 @@ BREAKAGES = [
              "dcp.save(shards, checkpoint_id=str(tmp))", "dcp.save(shards, checkpoint_id=str(path))",
              (DIST + "test_a_rank_killed_in_the_middle_of_a_dcp_save_leaves_the_previous_directory",)),
     # the step's options (their own bits, their own fingerprint entry)
-    # not shared: the pipeline is brought up to date by the broken code, whose straight run then ignores
+    # straight.pth rebuilt: the pipeline's is brought up to date by the broken code, whose straight run then ignores
     # adamw: fused as the forloop run does (torch's default on CPU), so "its own bits" fails. Against the
     # unbroken pipeline's fused bits the forloop run would differ and pass
     Breakage("adamw: the kernel setting ignored", M + "train.py", "build",
              "WEIGHT_DECAY, **ADAMW_KERNELS[cfg.adamw])", "WEIGHT_DECAY)",
-             (STEP + "test_each_step_option_resumes_bit_exactly_and_has_its_own_bits[forloop]",), False),
+             (STEP + "test_each_step_option_resumes_bit_exactly_and_has_its_own_bits[forloop]",),
+             ("results/straight.pth",)),
     Breakage("attention written out: no causal mask", M + "model.py", "causal_attention",
              "    scores = scores + torch.full((t, t), float(\"-inf\"), device=scores.device).triu(1)\n", "",
              (STEP + "test_attention_written_out_computes_what_sdpa_computes",)),
@@ -193,11 +198,13 @@ BREAKAGES = [
     # the numbers of the report, and the export
     Breakage("divergence: rel. L2 without the square root", "workflow/scripts/divergence.py", "weight_gap",
              "(sq / norm) ** 0.5", "sq / norm",
-             (T + "test_pipeline.py::test_every_number_in_the_summary_is_recomputed_from_the_artifacts",), False),
+             (T + "test_pipeline.py::test_every_number_in_the_summary_is_recomputed_from_the_artifacts",),
+             ("results/summary.md",)),
     Breakage("report: val loss of straight in every row", M + "report.py", "summary_table",
              "/ {g(row['max_abs_loss_gap'])} | {row['val_loss']:.4f} |",
              "/ {g(row['max_abs_loss_gap'])} | {rows['straight']['val_loss']:.4f} |",
-             (T + "test_pipeline.py::test_every_number_in_the_summary_is_recomputed_from_the_artifacts",), False),
+             (T + "test_pipeline.py::test_every_number_in_the_summary_is_recomputed_from_the_artifacts",),
+             ("results/summary.md",)),
     Breakage("export: wrong RMSNorm eps", M + "export.py", "hf_config", '"rms_norm_eps": cfg.rms_norm_eps,',
              '"rms_norm_eps": 1e-6,', (T + "test_inference_export.py",)),
     Breakage("export: untied head let through", M + "export.py", "inference_tensors",
@@ -294,7 +301,7 @@ def build_shared_pipeline(dest: Path) -> Path:
     return work
 
 
-def run_tests(work: Path, root: Path, tests, shared: Path, *options, update=False, stop=False) -> tuple[list, str]:
+def run_tests(work: Path, root: Path, tests, shared: Path, *options, rebuild=(), stop=False) -> tuple[list, str]:
     """Run TESTS in WORK under the plugin above: (its records, the last line pytest printed)."""
     outcomes = root / "outcomes.jsonl"
     outcomes.unlink(missing_ok=True)
@@ -302,8 +309,8 @@ def run_tests(work: Path, root: Path, tests, shared: Path, *options, update=Fals
            "MMKIT_SHARED_PIPELINE": str(shared)}
     for name in ("MMKIT_SHARED_PIPELINE_UPDATE", "CI", STOP, RECORD):
         env.pop(name, None)  # CI: under CI=true a skipped test fails, and a skip must not count as a catch
-    if update:
-        env["MMKIT_SHARED_PIPELINE_UPDATE"] = "1"
+    if rebuild:
+        env["MMKIT_SHARED_PIPELINE_UPDATE"] = " ".join(rebuild)
     if stop:
         env[STOP] = "1"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "mutants",
@@ -377,25 +384,25 @@ def run_breakage(b: Breakage, root: Path, shared: Path) -> tuple[bool, float, st
     target = work / b.file
     target.write_text(broken(b, target.read_text()))
     t0 = time.perf_counter()
-    records, last = run_tests(work, root, b.tests, shared, update=not b.shared, stop=True)
+    records, last = run_tests(work, root, b.tests, shared, rebuild=b.rebuild, stop=True)
     return any(r["assertion"] for r in records), time.perf_counter() - t0, how(records), last
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-k", default="", help="only breakages whose name contains this")
+    p.add_argument("-k", default="", help="only breakages whose name matches this regular expression")
     p.add_argument("-j", type=int, default=2, help="breakages tried at once (each in its own folder)")
     p.add_argument("--list", action="store_true", help="print the chosen breakages and exit")
     p.add_argument("--baseline-runs", type=int, default=1, help="times the tests run on the unbroken code first")
     p.add_argument("--fresh", action="store_true", help="build the pipeline and run the baseline here, even if "
                    "make test recorded a run of this tree")
     args = p.parse_args()
-    chosen = [b for b in BREAKAGES if args.k in b.name]
+    chosen = [b for b in BREAKAGES if re.search(args.k, b.name)]
     for b in chosen:  # a stale table fails here, before anything is built
         broken(b, (REPO / b.file).read_text())
     if args.list:
         for b in chosen:
-            print(f"{b.name}\n    {b.file}: {b.function}{'' if b.shared else '  (pipeline updated)'}\n    "
+            print(f"{b.name}\n    {b.file}: {b.function}{'  (rebuilt: ' + ', '.join(b.rebuild) + ')' if b.rebuild else ''}\n    "
                   + "\n    ".join(b.tests))
         return
     t_all = time.perf_counter()
@@ -422,7 +429,7 @@ def main():
             return b, caught, seconds
 
         todo = [b for b in chosen if b.tests not in wrong]
-        todo.sort(key=lambda b: b.shared)  # those that update the pipeline (the longest) first
+        todo.sort(key=lambda b: not b.rebuild)  # those that rebuild artifacts (the longest) first
         # most of a breakage's time is one process waiting for another: two at a time use both cores
         with ThreadPoolExecutor(args.j) as pool:
             results = list(pool.map(attempt, range(len(todo)), todo))
