@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import launch
@@ -52,6 +53,18 @@ def pytest_sessionstart(session):
         for name in ("outcomes.jsonl", "pipeline"):
             (Path(record) / name).unlink(missing_ok=True)
         (Path(record) / "tree.sha256").write_text(mutants.tree_digest() + "\n")
+
+
+# the SLURM cluster a test run started (tests/test_slurm.py) is stopped when the run ends, by the process that
+# runs the session (xdist's controller, the parent of every worker), not by the worker whose tests used it
+_SESSION = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
+STOP_AT_SESSION_END = Path(tempfile.gettempdir()) / f"mmkit-stop-slurm-after-{_SESSION}"
+
+
+def pytest_sessionfinish(session):
+    if not os.environ.get("PYTEST_XDIST_WORKER") and STOP_AT_SESSION_END.exists():
+        subprocess.run([REPO / "cluster" / "stop.sh"], capture_output=True, timeout=120)
+        STOP_AT_SESSION_END.unlink()
 
 
 def pytest_collection_modifyitems(items):

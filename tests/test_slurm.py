@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, TINY, clean_env, compare_builds, copy_workflow
+from conftest import REPO, STOP_AT_SESSION_END, TINY, clean_env, compare_builds, copy_workflow
 
 # long enough that a training job can be caught running; checkpoints every 10 steps
 SLURM_RUN = {**TINY, "steps": 200, "stop_at": 50, "outdir": "results",
@@ -28,9 +28,10 @@ NOT_COMPARED = ("logs/", "timing/", "checkpoints/")
 
 @pytest.fixture(scope="session")
 def cluster():
-    """Up until the session ends, not this module: with the SLURM client installed and no controller, every
-    Snakemake start waits 9 s (the SLURM executor plugin runs `scontrol show config` when it is imported,
-    and scontrol retries). In CI, a machine thrown away afterwards, it stays up for `make mutants` too."""
+    """Up until the whole test run ends, not this module or this xdist worker: with the SLURM client installed
+    and no controller, every Snakemake start waits 9 s (the SLURM executor plugin runs `scontrol show config`
+    when it is imported, and scontrol retries), and the other worker's would. In CI, a machine thrown away
+    afterwards, it stays up for `make mutants` too."""
     if os.geteuid() != 0:
         pytest.skip("the local SLURM cluster (cluster/start.sh) needs root")
     if not (shutil.which("slurmctld") or shutil.which("apt-get")):
@@ -39,8 +40,8 @@ def cluster():
     if proc.returncode != 0:
         pytest.skip(f"the SLURM cluster did not start: {proc.stderr.strip().splitlines()[-1:]}")
     yield
-    if "already up" not in proc.stderr and not os.environ.get("CI"):  # stop only what this session started
-        subprocess.run([REPO / "cluster" / "stop.sh"], capture_output=True, timeout=120)
+    if "already up" not in proc.stderr and not os.environ.get("CI"):  # stop only what this session started,
+        STOP_AT_SESSION_END.touch()  # once every worker is done (conftest.pytest_sessionfinish)
 
 
 def workdir(path: Path) -> Path:
