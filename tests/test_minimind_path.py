@@ -36,37 +36,50 @@ def train(pipeline, config, out, *args):
     return proc
 
 
-def finished(runs: dict, *names) -> dict:
+def finished(runs, *names) -> dict:
     """The stderr of each named run of parity_runs, once the test has asserted that each one finished."""
+    made = runs.made(names)
     for name in names:
-        assert runs[name].returncode == 0, f"{name}: {runs[name].stderr[-3000:]}"
-    return {name: runs[name].stderr for name in names}
+        assert made[name].returncode == 0, f"{name}: {made[name].stderr[-3000:]}"
+    return {name: made[name].stderr for name in names}
 
 
 def weights(path):
     return torch.load(path, weights_only=True)
 
 
-@pytest.fixture(scope="module")
-def parity_runs(pipeline, tmp_path_factory):
+class ParityRuns:
     """Straight and stopped with 2 workers; then resumed from the one resume file in new processes: with 2
-    workers, with 0, and with the RNG state or the epoch position left out. Each test asserts that the runs it
-    reads finished (finished()): a run refused here is a failed assertion of the test, not a fixture error."""
-    tmp = tmp_path_factory.mktemp("parity")
-    two = write_config(tmp / "two.yaml", **PARITY)
-    zero = write_config(tmp / "zero.yaml", **{**PARITY, "data": {"format": "minimind", "workers": 0}})
-    resume = tmp / "resume.pth"
-    with ThreadPoolExecutor(2) as pool:
-        runs = {"straight": pool.submit(run, pipeline, two, tmp / "straight.pth", "--loss-log", tmp / "straight.csv"),
-                "resume": pool.submit(run, pipeline, two, resume, "--stop-at")}
-        runs = {k: f.result() for k, f in runs.items()}
+    workers, with 0, and with the RNG state or the epoch position left out. Each run is made the first time a
+    test asks for it (under make mutants a breakage's test may need only some), two at a time."""
+
+    def __init__(self, pipeline, tmp):
+        self.pipeline, self.tmp, self.runs = pipeline, tmp, {}
+        two = write_config(tmp / "two.yaml", **PARITY)
+        zero = write_config(tmp / "zero.yaml", **{**PARITY, "data": {"format": "minimind", "workers": 0}})
+        self.todo = {"straight": (two, ("--loss-log", tmp / "straight.csv")), "resume": (two, ("--stop-at",))}
         resumes = {"resumed": (two, ()), "resumed_w0": (zero, ()), "norng": (two, ("--no-rng",)),
                    "replay": (two, ("--replay",))}
-        futures = {name: pool.submit(run, pipeline, cfg, tmp / f"{name}.pth", "--resume", resume,
-                                     "--loss-log", tmp / f"{name}.csv", *flags)
-                   for name, (cfg, flags) in resumes.items()}
-        runs |= {k: f.result() for k, f in futures.items()}
-    return tmp, runs
+        self.todo |= {name: (cfg, ("--resume", tmp / "resume.pth", "--loss-log", tmp / f"{name}.csv", *flags))
+                      for name, (cfg, flags) in resumes.items()}
+
+    def made(self, names) -> dict:
+        resumed = set(names) - {"straight", "resume"}
+        first = set(names) & {"straight", "resume"} | ({"resume"} if resumed else set())
+        for batch in (first, resumed):  # the resumed runs read the stopped run's file
+            with ThreadPoolExecutor(2) as pool:
+                started = {name: pool.submit(run, self.pipeline, self.todo[name][0], self.tmp / f"{name}.pth",
+                                             *self.todo[name][1]) for name in sorted(batch - self.runs.keys())}
+                self.runs |= {name: f.result() for name, f in started.items()}
+        return self.runs
+
+
+@pytest.fixture(scope="module")
+def parity_runs(pipeline, tmp_path_factory):
+    """(the runs' folder, ParityRuns). Each test asserts that the runs it reads finished (finished()): a run
+    refused here is a failed assertion of the test, not a fixture error."""
+    tmp = tmp_path_factory.mktemp("parity")
+    return tmp, ParityRuns(pipeline, tmp)
 
 
 def test_resumed_equals_straight_with_2_and_with_0_workers(parity_runs):
