@@ -1,7 +1,8 @@
 # The audit of other trainers (snakemake --cores 2 audit): for each framework and scenario of config audit,
 # three processes through the framework's own documented resume: straight, stopped right after its own
-# checkpoint at the cut, resumed from it (and the straight weights tell the matrix what fp16 trained in). A cell compares them step by step (certificates) and, where they
-# differ, runs a repair that restores the named piece by hand; a negative control per framework.
+# checkpoint at the cut, resumed from it. A cell compares them step by step (certificates) and, where they
+# differ, runs a repair that restores the named piece by hand (the straight weights also tell the matrix what
+# fp16 trained in); a negative control per framework.
 
 AUDIT = f"{OUT}/audit"
 CELL = f"{AUDIT}/{{framework}}/{{scenario}}"
