@@ -210,21 +210,32 @@ def test_a_torn_newest_checkpoint_is_skipped_by_name_and_the_older_one_used(pipe
     assert_same_as_uninterrupted(out, uninterrupted)
 
 
-def test_checkpoints_of_another_run_are_each_named_and_never_resumed(pipeline, uninterrupted, tmp_path):
-    """Catches: a checkpoint of other settings resumed silently (a changed lr continuing a stale run)."""
+def test_checkpoints_of_another_run_are_named_never_resumed_and_never_push_out_this_runs_own(pipeline, uninterrupted,
+                                                                                            tmp_path):
+    """Catches: a checkpoint of other settings resumed silently (a changed lr continuing a stale run); pruning
+    that counts another run's checkpoints at higher steps among the newest `keep`, so that every checkpoint of
+    this run is deleted as soon as it is committed and a kill starts it over."""
     other = yaml.safe_load(chaos_config(pipeline, tmp_path).read_text())
     other["lr"] *= 2
     (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
-    checkpoints = checkpoints_of(pipeline, tmp_path, tmp_path / "other.yaml", 2 * EVERY + 1)
+    checkpoints = checkpoints_of(pipeline, tmp_path, tmp_path / "other.yaml", 10 * EVERY + 1)
     foreign = committed(checkpoints)
-    assert len(foreign) >= 2
+    assert len(foreign) >= 2 and newest_checkpoint(checkpoints) > 3 * EVERY
     out = tmp_path / "job.pth"
-    proc = run(train_cmd(chaos_config(pipeline, tmp_path), pipeline, out, checkpoints))
-    assert proc.returncode == 0, proc.stderr[-1500:]
-    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: skipping checkpoint")]
+    cmd = train_cmd(chaos_config(pipeline, tmp_path), pipeline, out, checkpoints)
+    code, err = kill_at_step(cmd, 2 * EVERY + 1, signal.SIGKILL)
+    assert code == -signal.SIGKILL, err[-1500:]
+    warnings = [line for line in err.splitlines() if line.startswith("warning: skipping checkpoint")]
     assert len(warnings) == len(foreign) and all("lr " in w for w in warnings), warnings
     assert {str(p) for p in foreign} == {w.split()[3].rstrip(":") for w in warnings}
-    assert resumed_step(proc.stderr) == 0 and "step    1/" in proc.stderr
+    assert resumed_step(err) == 0 and "step    1/" in err
+    own = committed(checkpoints)
+    assert own and not set(own) & set(foreign) and newest_checkpoint(checkpoints) >= 2 * EVERY, own
+    removed = [line for line in err.splitlines() if line.startswith("checkpoints: removed")]
+    assert len(removed) == 1 and all(p.name in removed[0] for p in foreign), removed
+    proc = run(cmd)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert resumed_step(proc.stderr) == int(own[-1].stem.split("_")[1]), proc.stderr[-1500:]
     assert_same_as_uninterrupted(out, uninterrupted)
 
 

@@ -1,8 +1,9 @@
 """Surviving preemption: a job's own checkpoint folder, and the signals a scheduler sends before it kills.
 
 A training job writes a resume file every checkpoint.every steps into its folder (step_000040.pth, or
-step_000040.dcp under FSDP2), keeps the newest checkpoint.keep of them, and on start continues from the
-newest one that is of its own run. On SIGTERM or SIGUSR1 (what SLURM sends before it kills or requeues a
+step_000040.dcp under FSDP2), keeps the newest checkpoint.keep of its own, and on start continues from the
+newest one that is of its own run. What it skipped there (another run's checkpoints, damaged ones) goes
+once it has committed one of its own: never before, so that a folder is never left with none. On SIGTERM or SIGUSR1 (what SLURM sends before it kills or requeues a
 job) it finishes the step it is in, checkpoints, and exits with status 75 (errors.Preempted), so a retry or a requeue
 picks it up. The folder is never an output Snakemake knows of: a failed job's outputs are deleted, the
 folder must survive exactly then.
@@ -31,11 +32,16 @@ class CheckpointDir:
 
     def __init__(self, path, cfg: CheckpointConfig):
         self.path, self.cfg = Path(path), cfg
+        # the checkpoints auto-resume skipped (another run's, or damaged): never counted among the newest
+        # `keep`, which are this run's own; they go once this run has committed a checkpoint of its own
+        self.rejected: list[Path] = []
 
     def new_path(self, step: int, sharded: bool) -> Path:
         """Where the checkpoint after STEP goes (the folder is made on first use)."""
         self.path.mkdir(parents=True, exist_ok=True)
-        return self.path / f"step_{step:06d}.{'dcp' if sharded else 'pth'}"
+        path = self.path / f"step_{step:06d}.{'dcp' if sharded else 'pth'}"
+        self.rejected = [p for p in self.rejected if p != path]  # replaced by this run's own
+        return path
 
     def due(self, step: int, last_step: int) -> bool:
         """A periodic checkpoint after STEP? Never after the last one: the job's own output follows."""
@@ -55,7 +61,19 @@ class CheckpointDir:
                 if p.name.startswith("step_") and p.suffix in (".tmp", ".old"):
                     remove(p)
 
+    def reject(self, path: Path) -> None:
+        self.rejected.append(Path(path))
+
     def prune(self) -> None:
+        """After a commit of this run's: the rejected checkpoints go, then all but the newest `keep` of the
+        rest (this run's, and the older ones auto-resume did not need to look at)."""
+        rejected = [p for p in self.rejected if p.exists()]
+        if rejected:
+            for p in rejected:
+                remove(p)
+            print(f"checkpoints: removed {len(rejected)} not of this run or damaged "
+                  f"({', '.join(p.name for p in rejected)}), now that it has committed its own", file=sys.stderr)
+        self.rejected = []
         for p in self.checkpoints()[self.cfg.keep:]:
             remove(p)
 

@@ -151,6 +151,7 @@ def auto_resume(checkpoints, live: entries.TrainingState, expected: entries.Expe
         except UserError as e:
             if ranks.main:
                 print(f"warning: skipping checkpoint {path}: {e}", file=sys.stderr, flush=True)
+            checkpoints.reject(path)
             continue
         put(path, saved, live, same_run=True)
         if ranks.main:
