@@ -316,6 +316,29 @@ def test_a_rank_that_dies_mid_training_does_not_hang_the_others(pipeline, tmp_pa
     print(f"torchrun ended {time.monotonic() - t0:.1f} s after launch, rank 1 killed at step 2")
 
 
+def test_a_minimind_rescale_job_killed_after_its_own_checkpoints_continues_from_them(build, pipeline, tmp_path):
+    """Catches: a check of AdamW's counter against the step alone, which a rescaled run's checkpoints (counter
+    ahead of the step) never pass: every restart silently starts over from the --resume file."""
+    dist = build("minimind_rescale.pth", "one_rank/resume.pth")
+    cfg = yaml.safe_load(dist_settings(pipeline, "ddp").read_text())
+    cfg["checkpoint"] = {**cfg["checkpoint"], "every": 1, "keep": 2}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    checkpoints = tmp_path / "checkpoints"
+    args = ("--config", tmp_path / "c.yaml", "--tokens", pipeline / "data" / "train.npy", "--resume",
+            dist / "one_rank" / "resume.pth", "--reshard", "--minimind-rescale", "--out", tmp_path / "o.pth",
+            "--loss-log", tmp_path / "o.csv", "--checkpoint-dir", checkpoints)
+    killed_at = TINY["steps"] - 3
+    proc = torchrun(*args, env={"MMKIT_FAILPOINT": f"step{killed_at}:0"})  # before that step's checkpoint
+    assert proc.returncode != 0 and not (tmp_path / "o.pth").exists(), proc.stderr[-2000:]
+    assert sorted(p.name for p in checkpoints.glob("step_*.pth"))[-1] == f"step_{killed_at - 1:06d}.pth"
+    proc = torchrun(*args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "warning: skipping checkpoint" not in proc.stderr, proc.stderr[-2000:]
+    assert f"continuing from checkpoint {checkpoints / f'step_{killed_at - 1:06d}.pth'}" in proc.stderr
+    assert_same_state_dict(torch.load(tmp_path / "o.pth", weights_only=True), weights(dist, "minimind_rescale"))
+    assert (tmp_path / "o.csv").read_bytes() == (dist / "minimind_rescale_log.csv").read_bytes()
+
+
 def test_the_reports_section_on_ranks_reads_its_numbers_from_dist(dist, pipeline, tmp_path):
     """Catches: a report table on several ranks whose numbers are typed, stale or from the wrong row."""
     p = pipeline

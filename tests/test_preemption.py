@@ -258,6 +258,29 @@ def test_a_resumed_ablation_never_takes_the_checkpoints_of_another_ablation(pipe
     assert (tmp_path / "n.csv").read_bytes() == (pipeline / "noopt_log.csv").read_bytes()
 
 
+def test_a_no_optim_job_killed_after_its_own_checkpoints_continues_from_them(pipeline, tmp_path):
+    """Catches: a check of AdamW's counter against the step alone, which --no-optim's checkpoints (AdamW
+    started afresh at the resume's step) never pass: every restart silently starts over from the --resume file."""
+    cfg = yaml.safe_load((pipeline / "settings" / "resumed.yaml").read_text())
+    cfg["checkpoint"] = {**cfg["checkpoint"], "every": 1, "keep": 2}
+    (tmp_path / "n.yaml").write_text(yaml.safe_dump(cfg))
+    checkpoints = tmp_path / "checkpoints"
+    cmd = ["--config", tmp_path / "n.yaml", "--tokens", pipeline / "data" / "train.npy", "--resume",
+           pipeline / "resume.pth", "--no-optim", "--out", tmp_path / "n.pth", "--loss-log", tmp_path / "n.csv",
+           "--checkpoint-dir", checkpoints]
+    killed_at = TINY["steps"] - 3
+    proc = run_script("run.py", *cmd, env={**clean_env(), "MMKIT_FAILPOINT": f"step{killed_at}:0"})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-1500:]
+    assert committed(checkpoints)[-1].name == f"step_{killed_at - 1:06d}.pth"  # before that step's checkpoint
+    proc = run_script("run.py", *cmd)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert "warning: skipping checkpoint" not in proc.stderr, proc.stderr[-1500:]
+    assert resumed_step(proc.stderr) == killed_at - 1, proc.stderr[-1500:]
+    assert_same_state_dict(torch.load(tmp_path / "n.pth", weights_only=True),
+                           torch.load(pipeline / "noopt.pth", weights_only=True))
+    assert (tmp_path / "n.csv").read_bytes() == (pipeline / "noopt_log.csv").read_bytes()
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 3 MB filesystem of its own (tmpfs; needs root, as CI has)."""

@@ -57,6 +57,9 @@ def edited(tiny_run, tmp_path, edit, name="edited.pth", reseal=True):
      ["'gen_state'", "data position"]),
     (lambda s: s.__setitem__("step", True), ["'step'", "bool"]),
     (lambda s: s.__setitem__("step", 4), ["'optimizer'", "4 updates"]),
+    (lambda s: s.__setitem__("adamw_offset", 3), ["'optimizer'", "2 updates"]),
+    (lambda s: s.__setitem__("adamw_offset", 6), ["'adamw_offset'", "0..steps (12)"]),
+    (lambda s: s.__setitem__("adamw_offset", -8), ["'adamw_offset'", "0..steps (12)"]),
     (lambda s: s.__setitem__("step", 12), ["'step'", "1..11"]),
     (lambda s: s.__setitem__("step", 0), ["'step'", "1..11"]),
     (lambda s: s["model"]["model.norm.weight"].__setitem__(0, math.nan), ["'model'", "model.norm.weight",
@@ -71,7 +74,8 @@ def edited(tiny_run, tmp_path, edit, name="edited.pth", reseal=True):
     (lambda s: s["optimizer"]["param_groups"][0].__setitem__("betas", (0.8, 0.99)), ["'optimizer'", "betas"]),
     (lambda s: s["optimizer"]["state"][3].__setitem__("exp_avg", s["optimizer"]["state"][3]["exp_avg"][:-1]),
      ["'optimizer'", "exp_avg of parameter 3"]),
-], ids=["empty-optimizer", "gen-truncated", "gen-other-seed", "step-bool", "step-4", "step-12", "step-0",
+], ids=["empty-optimizer", "gen-truncated", "gen-other-seed", "step-bool", "step-4", "adamw-offset-3",
+        "adamw-offset-6", "adamw-offset--8", "step-12", "step-0",
         "nan-weight", "untied", "float64-weight", "negative-exp-avg-sq", "inf-exp-avg", "other-betas",
         "short-exp-avg"])
 def test_resume_file_with_bad_contents_is_refused_naming_the_entry(tiny_run, tmp_path, edit, words):

@@ -10,8 +10,8 @@ import torch
 
 from .errors import UserError
 
-FORMAT_VERSION = 4  # 2: skipped_steps, digests, the weights' dtype; 3: origin and loss_log;
-# 4: data_position, rng_state, scaler
+FORMAT_VERSION = 5  # 2: skipped_steps, digests, the weights' dtype; 3: origin and loss_log;
+# 4: data_position, rng_state, scaler; 5: adamw_offset
 
 # what may differ when a run continues on another number of ranks (--reshard); anything else may not
 RESHARD_KEYS = ("world_size", "strategy", "batch_slices")

@@ -31,6 +31,9 @@ class TrainingState:
     fingerprint: dict
     step: int = 0  # the last optimizer step taken
     skipped_steps: int = 0  # updates skipped for a non-finite loss (or an fp16 overflow)
+    # AdamW's own step counter is step - skipped_steps - this: 0, unless a resume started AdamW afresh
+    # (--no-optim: then the resume's step) or moved the step under it (--minimind-rescale)
+    adamw_offset: int = 0
     loss_log: list = field(default_factory=list)  # [(step, loss)] of the steps this run trained
     # which run this is: the resume it started from (sha256) and the ablations applied then
     origin: dict = field(default_factory=lambda: {"resume_sha256": None, "ablations": []})
@@ -98,9 +101,26 @@ def check_weights(weights, saved, ctx):
             ctx.refuse(f"tensor {name} differs from {tied_to}, which the model ties it to")
 
 
+def adamw_updates(optimizer) -> int:
+    """The updates AdamW has made (its per-parameter step counter; 0 before the first)."""
+    return max((int(s["step"]) for s in optimizer.state.values() if "step" in s), default=0)
+
+
+def updates_of(saved) -> int:
+    return saved["step"] - saved["skipped_steps"] - saved["adamw_offset"]
+
+
+def check_adamw_offset(offset, saved, ctx):
+    """AdamW's updates may be ahead of the step (a rescale moved the step back), never beyond the run's steps."""
+    steps = ctx.live.fingerprint["steps"]
+    if not 0 <= updates_of(saved) <= steps:
+        ctx.refuse(f"is {offset}; AdamW's updates (step - skipped_steps - this) must lie in 0..steps ({steps})")
+
+
 def check_optimizer_state(value, saved, ctx):
-    """AdamW's state as this run's optimizer would hold it after the file's step less its skipped steps."""
-    refuse, optimizer, updates = ctx.refuse, ctx.live.optimizer, saved["step"] - saved["skipped_steps"]
+    """AdamW's state as this run's optimizer would hold it after the file's step less its skipped steps (and
+    the steps before AdamW was started afresh)."""
+    refuse, optimizer, updates = ctx.refuse, ctx.live.optimizer, updates_of(saved)
     built = optimizer.state_dict()
     groups, state = value.get("param_groups"), value.get("state")
     if not isinstance(groups, list) or not isinstance(state, dict):
@@ -215,6 +235,9 @@ ENTRIES = (
           check_skipped_steps),
     # fp32 weights: half precision here would change the next step
     Entry("model", dict, True, lambda s: model_state(s.model, s.ranks), _put_model, check_weights, sharded=True),
+    # steps AdamW did not count (an ablation's fresh optimizer); checked before the optimizer's counters
+    Entry("adamw_offset", int, True, lambda s: s.adamw_offset, lambda s, v: setattr(s, "adamw_offset", v),
+          check_adamw_offset),
     # AdamW's exp_avg and exp_avg_sq per parameter, and its step
     Entry("optimizer", dict, True, lambda s: optimizer_state(s.model, s.optimizer, s.ranks),
           lambda s, v: s.optimizer.load_state_dict(v), check_optimizer_state, sharded=True),

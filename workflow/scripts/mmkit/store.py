@@ -125,6 +125,8 @@ def resume(path, live: entries.TrainingState, expected: entries.Expected, last_s
         live.batch_generator.set_state(expected.gen_state(live.step))
         live.batches.position = expected.position(live.step)
     # else every rank took the file's one position (rank0_gen: rank 0's, so the others' is lost)
+    # AdamW's counter as it now stands: behind the step after --no-optim, ahead of it after a rescale
+    live.adamw_offset = live.step - live.skipped_steps - entries.adamw_updates(live.optimizer)
     live.origin = {"resume_sha256": identity(path),
                    "ablations": [a.flag for a in ablations] + ["--reshard"] * reshard
                    + ["--allow-mismatch"] * allow_mismatch}
