@@ -119,6 +119,12 @@ BREAKAGES = [
     # the fingerprint
     Breakage("fingerprint: threads left out", M + "fingerprint.py", "build", '        "threads": cfg.threads,\n', "",
              (T + "test_resume_contents.py::test_a_resume_file_records_every_setting_the_continuation_depends_on",)),
+    Breakage("fingerprint: the CPU kernel dispatch left out", M + "fingerprint.py", "build",
+             '        "cpu_capability": torch.backends.cpu.get_cpu_capability(),\n', "",
+             (T + "test_bad_input.py::test_a_resume_under_another_cpu_kernel_dispatch_is_refused_naming_it",)),
+    Breakage("fingerprint: the code hashed with its comments", M + "fingerprint.py", "code_digests",
+             "if t.type not in (tokenize.COMMENT, tokenize.NL)", "if True",
+             (T + "test_bad_input.py::test_a_resume_from_other_training_code_is_refused_naming_the_module",)),
     Breakage("fingerprint: nested keys not compared", M + "fingerprint.py", "diff",
              'diffs += diff(a, b, f"{prefix}{k}.")', "pass",
              (T + "test_resume_contents.py::test_a_resume_file_from_other_settings_is_refused_for_each_fingerprint_key"

@@ -1,13 +1,15 @@
 """Bad input: one clear line, a non-zero exit, no output written, and nothing of the user's damaged."""
 
 import pickle
+import subprocess
+import sys
 import zipfile
 
 import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import clean_env, run_script, tiny_config
+from conftest import clean_env, copy_workflow, run_script, tiny_config
 
 
 def assert_refused(proc, *words, out=None):
@@ -140,6 +142,40 @@ def test_allow_mismatch_continues_and_says_bit_exactness_is_lost(tiny_run, tmp_p
     proc = resume_from(tiny_run, resume, tmp_path / "o.pth", "--allow-mismatch")
     assert proc.returncode == 0, proc.stderr
     assert "not be bit-exact" in proc.stderr and (tmp_path / "o.pth").exists()
+
+
+def test_a_resume_under_another_cpu_kernel_dispatch_is_refused_naming_it(tiny_run, tmp_path):
+    """Catches: a fingerprint without ATen's CPU capability, so a file saved with AVX2 (or AVX512) kernels is
+    continued under others (ATEN_CPU_CAPABILITY, a requeue onto another node type) without a word."""
+    native = torch.backends.cpu.get_cpu_capability()  # what the pipeline's jobs ran with: no variable set
+    assert native != "DEFAULT", "this CPU has no vector kernels to fall back from"
+    env = {**clean_env(), "ATEN_CPU_CAPABILITY": "default"}  # read at import: a fresh interpreter (launch.py)
+    out = tmp_path / "o.pth"
+    proc = run_script("run.py", "--config", tiny_run["config"], "--tokens", tiny_run["tokens"], "--resume",
+                      tiny_run["resume"], "--out", out, env=env)
+    assert_refused(proc, f"cpu_capability {native} in the file, DEFAULT now", "--allow-mismatch", out=out)
+    proc = run_script("run.py", "--config", tiny_run["config"], "--tokens", tiny_run["tokens"], "--resume",
+                      tiny_run["resume"], "--out", out, "--allow-mismatch", env=env)
+    assert proc.returncode == 0 and "not be bit-exact" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_resume_from_other_training_code_is_refused_naming_the_module(tiny_run, tmp_path):
+    """Catches: a fingerprint without the training code, so a checkpoint left in a folder after the clip
+    value changed is continued as if nothing had; and one that counts a comment as code."""
+    work = copy_workflow(tmp_path / "w")
+    mmkit = work / "workflow" / "scripts" / "mmkit"
+    train = (mmkit / "train.py").read_text()
+    assert train.count("GRAD_CLIP = 1.0\n") == 1
+    (mmkit / "train.py").write_text(train.replace("GRAD_CLIP = 1.0\n", "GRAD_CLIP = 0.5\n"))
+    (mmkit / "model.py").write_text((mmkit / "model.py").read_text() + "# a comment is not code\n")
+    out = tmp_path / "o.pth"
+    cmd = [sys.executable, work / "workflow" / "scripts" / "run.py", "--config", tiny_run["config"], "--tokens",
+           tiny_run["tokens"], "--resume", tiny_run["resume"], "--out", out]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_env())
+    assert_refused(proc, "code.train.py ", "--allow-mismatch", out=out)
+    assert "model.py" not in proc.stderr
+    proc = subprocess.run(cmd + ["--allow-mismatch"], capture_output=True, text=True, env=clean_env())
+    assert proc.returncode == 0 and "not be bit-exact" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_other_model_dims_even_with_override_name_the_shape(tiny_run, tmp_path):

@@ -4,17 +4,38 @@ A resume file carries the fingerprint of the run that saved it; a run continues 
 fingerprint is the same, or with --reshard for the rank layout, or with --allow-mismatch (not bit-exact).
 """
 
+import hashlib
+import io
 import sys
+import tokenize
+from pathlib import Path
 
 import torch
 
 from .errors import UserError
+from .parallel import backend_for
 
 FORMAT_VERSION = 5  # 2: skipped_steps, digests, the weights' dtype; 3: origin and loss_log;
-# 4: data_position, rng_state, scaler; 5: adamw_offset
+# 4: data_position, rng_state, scaler; 5: adamw_offset, cpu_capability, backend, code
 
 # what may differ when a run continues on another number of ranks (--reshard); anything else may not
 RESHARD_KEYS = ("world_size", "strategy", "batch_slices")
+# the modules whose code decides the numbers of a step (the model, the loop and its clip and LR, the batches,
+# how ranks cut and sum them): a checkpoint of other code continues other arithmetic. The resume's checks
+# (mmkit.resume) are not among them: they decide what is refused, not what is computed.
+TRAINING_CODE = ("model.py", "train.py", "data.py", "parallel.py")
+
+
+def code_digests() -> dict:
+    """Per training module, the sha256 of its tokens less comments and blank lines: a comment edited is the
+    same code, a constant changed is not."""
+    digests = {}
+    for name in TRAINING_CODE:
+        source = (Path(__file__).parent / name).read_text()
+        tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+        kept = "\x00".join(t.string for t in tokens if t.type not in (tokenize.COMMENT, tokenize.NL))
+        digests[name] = hashlib.sha256(kept.encode()).hexdigest()[:16]
+    return digests
 
 
 def build(cfg, device: str, train_data_sha256: str, ranks) -> dict:
@@ -24,6 +45,10 @@ def build(cfg, device: str, train_data_sha256: str, ranks) -> dict:
         "torch": str(torch.__version__),  # a plain str: TorchVersion is not weights_only-loadable
         "threads": cfg.threads,
         "device": device,
+        # the CPU kernels ATen dispatches to (ATEN_CPU_CAPABILITY, or the best the CPU has): AVX2 and AVX512
+        # kernels sum in other orders, so a requeue onto another node type continues other arithmetic
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "code": code_digests(),
         "precision": cfg.precision,  # as resolved for this machine: auto never reaches a resume file
         "adamw": cfg.adamw,
         "weights_dtype": "float32",  # master weights: a resume file in half precision is not this run's
@@ -42,6 +67,7 @@ def build(cfg, device: str, train_data_sha256: str, ranks) -> dict:
         "world_size": ranks.world_size,
         "strategy": ranks.strategy,
         "batch_slices": ranks.slices,
+        "backend": backend_for(cfg.parallel, device),  # its collectives sum in their own order
         "rank_generators": ranks.rank_generators,
     }
 

@@ -126,6 +126,11 @@ class Ranks:
             torch.distributed.destroy_process_group()
 
 
+def backend_for(cfg: ParallelConfig, device: str) -> str:
+    """The process group's backend: auto is nccl on CUDA, gloo on the CPU."""
+    return cfg.backend if cfg.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
+
+
 def start(cfg: ParallelConfig, device: str, rank_generators: bool = False) -> Ranks:
     """Join the job's process group (torchrun sets WORLD_SIZE and RANK); at world size 1 join nothing."""
     launched = int(os.environ.get("WORLD_SIZE", "1"))
@@ -134,7 +139,7 @@ def start(cfg: ParallelConfig, device: str, rank_generators: bool = False) -> Ra
                         f"{launched} ranks (torchrun --nproc-per-node {cfg.world_size})")
     if cfg.world_size == 1:
         return Ranks(1, 0, "single", cfg.slices, rank_generators)
-    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
+    backend = backend_for(cfg, device)
     if backend == "nccl" and device != "cuda":
         raise UserError("config key 'parallel.backend': nccl needs a CUDA device, and this job runs on cpu")
     rank = int(os.environ["RANK"])
