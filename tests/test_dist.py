@@ -178,6 +178,97 @@ def test_a_damaged_resume_directory_is_refused_whole(build, pipeline, tmp_path, 
     assert_refused(resume_on_one_rank(pipeline, d, out, "--reshard"), out, *words)
 
 
+def edited_dir(src: Path, dest: Path, shards=None, meta=None) -> Path:
+    """A copy of resume directory SRC with its shards (the whole state, as one process reads it) and its
+    resume.pth edited by SHARDS and META, then resealed: the manifest and the digests recomputed, so that
+    only the check of the edited entry can refuse it, never the sha256 comparison behind it."""
+    import torch.distributed.checkpoint as dcp
+    from mmkit.atomic import sha256_file
+    from mmkit.resume import seal
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    if shards:
+        dcp_to_torch_save(str(src), str(dest.with_suffix(".whole.pth")))
+        whole = torch.load(dest.with_suffix(".whole.pth"), weights_only=True)
+        shards(whole)
+        dcp.save(whole, checkpoint_id=str(dest), no_dist=True)
+    else:
+        shutil.copytree(src, dest, ignore=shutil.ignore_patterns("resume.pth"))
+    state = torch.load(src / "resume.pth", weights_only=True)
+    state["manifest"] = {f.name: sha256_file(f) for f in sorted(dest.iterdir())}
+    if meta:
+        meta(state)
+    torch.save(seal({k: v for k, v in state.items() if k != "digests"}), dest / "resume.pth")
+    return dest
+
+
+def first_moment(whole) -> torch.Tensor:
+    return next(iter(whole["optimizer"]["state"].values()))["exp_avg"]
+
+
+# the file path's bad contents (tests/test_resume_contents.py), through a DCP directory
+@pytest.mark.parametrize("shards, meta, words", [
+    (lambda w: w["model"]["model.norm.weight"].__setitem__(0, math.nan), None, ["'model'", "non-finite"]),
+    (lambda w: w["model"].__setitem__("model.norm.weight", w["model"]["model.norm.weight"].double()), None,
+     ["'model'", "float64", "float32"]),
+    (lambda w: first_moment(w).__setitem__(0, math.inf), None, ["'optimizer'", "exp_avg", "non-finite"]),
+    (lambda w: w["optimizer"]["param_groups"][0].__setitem__("betas", (0.8, 0.99)), None, ["'optimizer'", "betas"]),
+    (None, lambda m: m.__setitem__("adamw_offset", 1), ["'optimizer'", "4 updates"]),
+    (None, lambda m: m.__setitem__("step", True), ["'step'", "bool"]),
+    (None, lambda m: m.__setitem__("gen_state", m["gen_state"][:100]), ["'gen_state'", "shape [100]"]),
+    (None, lambda m: m["manifest"].__setitem__("../outside", "0" * 64), ["'manifest'"]),
+    (None, lambda m: m["manifest"].__setitem__(".metadata", 5), ["'manifest'"]),
+    (None, lambda m: m.__setitem__("manifest", {}), ["'manifest'"]),
+], ids=["nan-weight", "float64-weight", "inf-exp-avg", "other-betas", "adamw-offset-1", "step-bool",
+        "gen-truncated", "manifest-path-outside", "manifest-not-sha256", "manifest-empty"])
+def test_a_resume_directory_with_bad_contents_is_refused_naming_the_entry(build, pipeline, tmp_path, shards, meta,
+                                                                           words):
+    """Catches: a DCP directory's model and optimizer shards loaded unchecked (non-finite values, a dtype DCP
+    casts silently, AdamW's hyperparameters adopted from the file); resume.pth's entries not type-checked; a
+    malformed manifest that ends in a traceback instead of one line."""
+    dist = build("fsdp2/resume.dcp")
+    d = edited_dir(dist / "fsdp2" / "resume.dcp", tmp_path / "resume.dcp", shards, meta)
+    out = tmp_path / "o.pth"
+    proc = resume_on_one_rank(pipeline, d, out, "--reshard")
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert_refused(proc, out, *words)
+    assert "sha256" not in proc.stderr.splitlines()[-1]  # resealed: the entry's own check spoke
+
+
+def test_an_unchanged_copy_of_a_resume_directory_is_accepted(build, pipeline, tmp_path):
+    """The control for the test above: the copy and reseal alone change nothing (a check that refused every
+    directory would pass it)."""
+    dist = build("fsdp2/resume.dcp", "fsdp2_to1.pth")
+    d = edited_dir(dist / "fsdp2" / "resume.dcp", tmp_path / "resume.dcp", shards=lambda w: None)
+    proc = resume_on_one_rank(pipeline, d, tmp_path / "o.pth", "--reshard")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert_same_state_dict(torch.load(tmp_path / "o.pth", weights_only=True), weights(dist, "fsdp2_to1"))
+
+
+def test_an_fsdp2_job_skips_its_malformed_newest_checkpoint_and_continues_from_the_one_before(build, pipeline,
+                                                                                             tmp_path):
+    """Catches: a malformed manifest or a refused shard that aborts auto-resume with a traceback instead of a
+    warning and the next older checkpoint."""
+    dist = build("fsdp2/straight.pth")
+    cfg = yaml.safe_load(dist_settings(pipeline, "fsdp2").read_text())
+    cfg["checkpoint"] = {**cfg["checkpoint"], "every": 3, "keep": 2}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    checkpoints = tmp_path / "checkpoints"
+    args = ("--config", tmp_path / "c.yaml", "--tokens", pipeline / "data" / "train.npy", "--out", tmp_path / "o.pth",
+            "--loss-log", tmp_path / "o.csv", "--checkpoint-dir", checkpoints)
+    proc = torchrun(*args, env={"MMKIT_FAILPOINT": "step8:0:TERM"})  # preempted: a checkpoint after step 8
+    assert proc.returncode != 0 and (checkpoints / "step_000008.dcp").is_dir(), proc.stderr[-2000:]
+    newest = checkpoints / "step_000008.dcp"
+    shutil.move(newest, tmp_path / "good.dcp")
+    edited_dir(tmp_path / "good.dcp", newest, meta=lambda m: m["manifest"].__setitem__(".metadata", 5))
+    proc = torchrun(*args)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: skipping checkpoint")]
+    assert len(warnings) == 1 and str(newest) in warnings[0] and "'manifest'" in warnings[0], warnings
+    assert "continuing from checkpoint" in proc.stderr and "(step 6)" in proc.stderr, proc.stderr[-2000:]
+    assert_same_state_dict(torch.load(tmp_path / "o.pth", weights_only=True), weights(dist, "fsdp2/straight"))
+
+
 class _Marker:
     """Unpickling this writes a file: what a crafted .metadata could do instead."""
 

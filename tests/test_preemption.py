@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import launch
@@ -357,25 +358,103 @@ def test_snakemake_killed_again_and_again_and_rerun_incomplete_ends_with_the_cle
 
 
 
-def test_sigterm_to_torchrun_checkpoints_every_ddp_rank_after_the_same_step(pipeline, tmp_path):
-    """Catches: ranks that stop after different steps (a hang, or a checkpoint of mismatched ranks), a
-    preempted DDP job that does not continue bit-identically."""
-    cfg = yaml.safe_load(chaos_config(pipeline, tmp_path).read_text())
+# the launcher the pipeline's multi-rank jobs use (workflow/rules/code.smk: launch): torchrun, which also
+# passes SIGUSR1 on and exits 75 when its ranks were preempted
+TORCHRUN = [sys.executable, str(SCRIPTS / "torchrun.py"), "--standalone", "--nproc-per-node", "2"]
+DDP_ENV = {**clean_env(), "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def ddp_job(pipeline, tmp_path_factory):
+    """A 2-rank DDP chaos job: its config, and its reference weights (run through, no checkpoint folder)."""
+    tmp = tmp_path_factory.mktemp("ddp")
+    cfg = yaml.safe_load(chaos_config(pipeline, tmp).read_text())
     cfg["parallel"] = {**cfg["parallel"], "world_size": 2, "strategy": "ddp", "batch_slices": 2}
-    (tmp_path / "ddp.yaml").write_text(yaml.safe_dump(cfg))
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    env = {**clean_env(), "OMP_NUM_THREADS": "1"}
+    (tmp / "ddp.yaml").write_text(yaml.safe_dump(cfg))
+    ref = tmp / "ref.pth"
+    proc = subprocess.run(ddp_cmd(tmp / "ddp.yaml", pipeline, ref, None), capture_output=True, text=True, env=DDP_ENV)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return tmp / "ddp.yaml", ref
 
-    def ddp(out, checkpoints):
-        return torchrun + [str(SCRIPTS / "run.py"), *train_cmd(tmp_path / "ddp.yaml", pipeline, out, checkpoints)]
 
-    ref = tmp_path / "ref.pth"
-    assert subprocess.run(ddp(ref, None), capture_output=True, env=env).returncode == 0
+def ddp_cmd(config, pipeline, out, checkpoints):
+    return TORCHRUN + [str(SCRIPTS / "run.py"), *train_cmd(config, pipeline, out, checkpoints)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+def test_a_signal_to_torchrun_checkpoints_every_ddp_rank_after_the_same_step_and_exits_75(pipeline, ddp_job,
+                                                                                         tmp_path, sig):
+    """Catches: ranks that stop after different steps (a hang, or a checkpoint of mismatched ranks), a
+    preempted DDP job that does not continue bit-identically; a SIGUSR1 (SLURM's warning before a time limit)
+    that kills torchrun instead of reaching the ranks; a preempted job's exit status lost (torchrun's 1)."""
+    config, ref = ddp_job
     out, checkpoints = tmp_path / "job.pth", tmp_path / "checkpoints"
-    code, err = kill_at_step(ddp(out, checkpoints), 2 * EVERY + 1, signal.SIGTERM, env)  # torchrun passes it on
-    assert code != 0 and "preempted: SIGTERM after step" in err, err[-2000:]
+    cmd = ddp_cmd(config, pipeline, out, checkpoints)
+    code, err = kill_at_step(cmd, 2 * EVERY + 1, sig, DDP_ENV)  # to torchrun's process, which passes it on
+    assert code == 75 and f"preempted: {sig.name} after step" in err, err[-2000:]
     stopped = newest_checkpoint(checkpoints)
     assert stopped >= 2 * EVERY + 1  # after the step whose line we saw (or the next), on both ranks alike
-    proc = subprocess.run(ddp(out, checkpoints), capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=DDP_ENV)
     assert proc.returncode == 0 and resumed_step(proc.stderr) == stopped, proc.stderr[-2000:]
     assert_same_as_uninterrupted(out, ref)
+
+
+def test_a_checkpoint_one_rank_refuses_is_skipped_by_every_rank(pipeline, ddp_job, tmp_path):
+    """Catches: ranks that choose their checkpoint each on its own, so that one continues from step N and the
+    other from an older one (a hang in the first collective, or ranks training different states)."""
+    config, ref = ddp_job
+    out, checkpoints = tmp_path / "job.pth", tmp_path / "checkpoints"
+    cmd = ddp_cmd(config, pipeline, out, checkpoints)
+    code, err = kill_at_step(cmd, 2 * EVERY + 1, signal.SIGTERM, DDP_ENV)
+    assert code == 75, err[-2000:]
+    older, newest = committed(checkpoints)[-2:]
+    env = {**DDP_ENV, "MMKIT_FAILPOINT": f"verdict-{newest.name}:1:REFUSE"}  # rank 1 alone refuses the newest
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"warning: skipping checkpoint {newest}: refused by another rank" in proc.stderr, proc.stderr[-2000:]
+    assert resumed_step(proc.stderr) == int(older.stem.split("_")[1]), proc.stderr[-2000:]
+    assert_same_as_uninterrupted(out, ref)
+
+
+def test_a_signal_before_the_first_step_still_ends_in_a_checkpoint_and_exit_75(pipeline, tmp_path):
+    """Catches: handlers installed late (after the imports, or after the process group started), so that a
+    signal at start kills the job unsaved; a handler that does more than note the signal."""
+    out, checkpoints = tmp_path / "job.pth", tmp_path / "checkpoints"
+    cmd = [sys.executable, str(SCRIPTS / "run.py"),
+           *train_cmd(chaos_config(pipeline, tmp_path, every=0), pipeline, out, checkpoints)]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=clean_env())
+    # as soon as the process catches SIGUSR1, or 1 s after it started: either way it is still importing torch
+    # (2 s or more of CPU), long before its process group or first step
+    t0 = time.monotonic()
+    while not catches(proc.pid, signal.SIGUSR1) and time.monotonic() - t0 < 1.0:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGUSR1)
+    err = proc.stderr.read()
+    assert proc.wait() == 75 and "preempted: SIGUSR1 after step 1 " in err, err[-2000:]
+    assert "step    2/" not in err and [p.name for p in committed(checkpoints)] == ["step_000001.pth"]
+
+
+def catches(pid: int, sig) -> bool:
+    """Whether process PID has a handler for SIG (the SigCgt mask of /proc/PID/status)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(mask >> (sig - 1) & 1)
+
+
+def test_snakemakes_retry_continues_a_ddp_job_whose_rank_was_preempted(pipeline, tmp_path):
+    """Catches: a multi-rank job whose preempted ranks end it with another status than 75, or whose retry
+    starts over or ends in other bits."""
+    work = tmp_path / "w"
+    shutil.copytree(pipeline.parent, work, symlinks=True)
+    target = "results/dist/ddp/straight.pth"
+    snakemake(work, target)  # built once per session elsewhere; here in this copy, before it is redone
+    reference = torch.load(work / target, weights_only=True)
+    env = {**clean_env(), "MMKIT_FAILPOINT": "step3:0:USR1"}  # rank 0 alone: torchrun hears nothing of it
+    cmd = [sys.executable, "-m", "snakemake", "--cores", "2", "--retries", "1", "--forcerun", "dist_ddp_straight",
+           target, "--configfile", "config.yaml", "tiny.yaml"]
+    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (work / "results" / "dist" / "ddp" / "logs" / "straight.log").read_text()
+    assert "continuing from checkpoint" in log and "(step 3)" in log, log[-2000:]
+    assert "returned non-zero exit status 75" in proc.stderr, proc.stderr[-3000:]  # the first try: preempted
+    assert_same_state_dict(torch.load(work / target, weights_only=True), reference)

@@ -68,12 +68,21 @@ def module_files(name, roots):
     return []
 
 
+# torchrun itself, which also passes SIGUSR1 on to the ranks and exits 75 when they were preempted
+TORCHRUN = SCRIPTS / "torchrun.py"
+
+
 def launch(world_size):
     """How a training job starts: one plain process, or torchrun's ranks (never a home-made spawner)."""
     if world_size == 1:
         return "python"
     # OMP_NUM_THREADS silences torchrun's warning; each rank sets its own torch threads from the config
-    return f"OMP_NUM_THREADS={config['threads']} torchrun --standalone --nproc-per-node {world_size}"
+    return f"OMP_NUM_THREADS={config['threads']} python {TORCHRUN} --standalone --nproc-per-node {world_size}"
+
+
+def training_code(world_size):
+    """The code a training job runs: run.py's modules, and the launcher when it has several ranks."""
+    return code_inputs(SCRIPTS / "run.py") + ([str(TORCHRUN)] if world_size > 1 else [])
 
 
 # The audit's adapters (workflow/rules/audit.smk): a row of the matrix is a framework, or FRAMEWORK_RECIPE, the

@@ -83,7 +83,7 @@ for run, (layout, flags) in DIST_RUNS.items():
             name:
                 f"dist_{run}_straight"
             input:
-                code=code_inputs(RUN),
+                code=training_code(ranks),
                 script=RUN,
                 settings=settings(f"dist_{layout}"),
                 tokens=TRAIN_TOKENS,
@@ -109,7 +109,7 @@ for run, (layout, flags) in DIST_RUNS.items():
         name:
             f"dist_{run}_resume"
         input:
-            code=code_inputs(RUN),
+            code=training_code(ranks),
             script=RUN,
             settings=settings(f"dist_{layout}_stop"),
             tokens=TRAIN_TOKENS,
@@ -139,7 +139,7 @@ for run, (layout, flags) in DIST_RUNS.items():
             name:
                 f"dist_{run}_resumed"
             input:
-                code=code_inputs(RUN),
+                code=training_code(ranks),
                 script=RUN,
                 settings=settings(f"dist_{layout}"),
                 tokens=TRAIN_TOKENS,
@@ -170,7 +170,7 @@ for name, (source, layout, flags) in RESHARDS.items():
         name:
             f"dist_{name}"
         input:
-            code=code_inputs(RUN),
+            code=training_code(ranks),
             script=RUN,
             settings=settings(f"dist_{layout}"),
             tokens=TRAIN_TOKENS,

@@ -17,7 +17,7 @@ TRAIN_SHELL = (
 rule straight:
     input:
         **TRAIN_DATA,
-        code=code_inputs(RUN),
+        code=training_code(config["parallel"]["world_size"]),
         script=RUN,
         settings=settings("straight"),
     output:
@@ -42,7 +42,7 @@ rule straight:
 rule resume:
     input:
         **TRAIN_DATA,
-        code=code_inputs(RUN),
+        code=training_code(config["parallel"]["world_size"]),
         script=RUN,
         settings=settings("resume"),
     output:
@@ -67,7 +67,7 @@ rule resume:
 rule resumed:
     input:
         **TRAIN_DATA,
-        code=code_inputs(RUN),
+        code=training_code(config["parallel"]["world_size"]),
         script=RUN,
         settings=settings("resumed"),
         resume=rules.resume.output.weights,
@@ -146,7 +146,7 @@ rule resume_fp16:
 use rule resumed as halfresume with:
     input:
         **TRAIN_DATA,
-        code=code_inputs(RUN),
+        code=training_code(config["parallel"]["world_size"]),
         script=RUN,
         settings=settings("resumed"),
         resume=rules.resume_fp16.output,

@@ -17,18 +17,23 @@ import json
 import sys
 import time
 
-from mmkit import store
-from mmkit.atomic import write_text_atomic
 from mmkit.autoresume import CheckpointDir, Preemption
-from mmkit.checkpoint import save_atomic
-from mmkit.config import load_config, run_config
-from mmkit.data import StepPlan, TrainingData
-from mmkit.errors import Preempted, UserError, run_cli
-from mmkit.failpoint import failpoint
-from mmkit.hardware import isa_summary, resolve_precision
-from mmkit.parallel import start, weights
-from mmkit.resume import ABLATIONS, Expected
-from mmkit.train import build, make_deterministic, train
+
+# first: from here on a SIGTERM/SIGUSR1 is noted, and acted on after a step, even one that arrives while
+# torch is imported or the ranks join their process group (its default action ends the process unsaved)
+PREEMPTION = Preemption()
+
+from mmkit import store  # noqa: E402
+from mmkit.atomic import write_text_atomic  # noqa: E402
+from mmkit.checkpoint import save_atomic  # noqa: E402
+from mmkit.config import load_config, run_config  # noqa: E402
+from mmkit.data import StepPlan, TrainingData  # noqa: E402
+from mmkit.errors import Preempted, UserError, run_cli  # noqa: E402
+from mmkit.failpoint import failpoint  # noqa: E402
+from mmkit.hardware import isa_summary, resolve_precision  # noqa: E402
+from mmkit.parallel import start, weights  # noqa: E402
+from mmkit.resume import ABLATIONS, Expected  # noqa: E402
+from mmkit.train import build, make_deterministic, train  # noqa: E402
 
 
 def main():
@@ -76,7 +81,6 @@ def main():
 
 
 def run(args, cfg, stop_at, device, ranks):
-    preemption = Preemption()  # from here on a SIGTERM/SIGUSR1 is noted, and acted on after a step
     data = TrainingData(cfg, args.tokens, args.jsonl, args.tokenizer)
     live = build(cfg, device, ranks, data)
     plan = StepPlan(cfg.accumulation_steps, data.batches_per_epoch)
@@ -106,7 +110,7 @@ def run(args, cfg, stop_at, device, ranks):
     t0 = time.perf_counter()
     for step in train(cfg, device, live, plan, last_step, schedule_offset):
         failpoint(f"step{step}")  # the tests kill one rank here, mid-run
-        preempted = preemption.requested(ranks) and step < last_step
+        preempted = PREEMPTION.requested(ranks) and step < last_step
         if checkpoints and (preempted or checkpoints.due(step, last_step)):
             if pending:
                 commit(pending)
@@ -119,7 +123,7 @@ def run(args, cfg, stop_at, device, ranks):
             if ranks.main:
                 print(f"checkpoint: {path}", file=sys.stderr, flush=True)
         if preempted:  # its checkpoint was saved in the foreground and is committed
-            raise Preempted(f"{preemption.received or 'a signal to another rank'} after step {step} of {last_step}: "
+            raise Preempted(f"{PREEMPTION.received or 'a signal to another rank'} after step {step} of {last_step}: "
                             + (f"continue from {path}" if checkpoints else "no --checkpoint-dir, nothing saved"))
     seconds = time.perf_counter() - t0
     if pending:

@@ -98,16 +98,19 @@ class Preemption:
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
     def __init__(self):
-        self.received = None
+        self.received, self.said = None, False
         for s in self.SIGNALS:
             signal.signal(s, self._note)
 
     def _note(self, signum, frame):
+        # only a flag: a handler that prints could land inside another print and deadlock on its lock
         if self.received is None:
             self.received = signal.Signals(signum).name
-            print(f"preemption: {self.received} received; checkpointing after this step", file=sys.stderr,
-                  flush=True)
 
     def requested(self, ranks) -> bool:
         """Whether any rank got a signal: all ranks stop after the same step."""
+        if self.received and not self.said:
+            self.said = True
+            print(f"preemption: {self.received} received; checkpointing after this step", file=sys.stderr,
+                  flush=True)
         return ranks.any(self.received is not None)

@@ -1,6 +1,7 @@
 """Fault injection for the tests: MMKIT_FAILPOINT=<name>:<rank>[:<signal>] sends that rank a signal at that point.
 
-The signal is SIGKILL unless named (TERM, USR1). A SIGKILL is what preemption's last resort and the OOM
+The signal is SIGKILL unless named (TERM, USR1); REFUSE instead makes that rank refuse what it is checking
+there (a UserError), as a rank whose view of a file differs would. A SIGKILL is what preemption's last resort and the OOM
 killer send: no handler runs, no file is closed. The tests use it to prove that a killed save leaves the
 previous state intact and that the other ranks do not hang; a SIGTERM inside a save proves that the
 save still finishes whole. Unset (always, outside the tests), it costs one dictionary lookup.
@@ -9,6 +10,8 @@ save still finishes whole. Unset (always, outside the tests), it costs one dicti
 import os
 import signal
 
+from .errors import UserError
+
 
 def failpoint(name: str) -> None:
     """Signal this process here if MMKIT_FAILPOINT names this point and this rank (torchrun's RANK, else 0)."""
@@ -16,5 +19,7 @@ def failpoint(name: str) -> None:
     if point is None:
         return
     at, _, sig = point.partition(f"{name}:{os.environ.get('RANK', '0')}")
+    if at == "" and sig == ":REFUSE":
+        raise UserError(f"failpoint {name}: refused on this rank")
     if at == "" and sig in ("", ":TERM", ":USR1"):
         os.kill(os.getpid(), getattr(signal, f"SIG{sig[1:]}") if sig else signal.SIGKILL)

@@ -23,6 +23,8 @@ from .errors import UserError
 # a rank that dies mid-step leaves the others waiting in a collective: they give up after this long
 # (torchrun usually tears the group down much sooner, when it sees the dead rank's exit)
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)
+# ... except while rank 0 hashes and fsyncs a whole checkpoint, which takes as long as the state is big
+SAVE_TIMEOUT = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -110,16 +112,26 @@ class Ranks:
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return bool(t.item())
 
+    def share(self, obj):
+        """Rank 0's OBJ, on every rank: what all ranks must decide alike (which checkpoint to continue)."""
+        if self.world_size == 1:
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=0, group=self.save_group())
+        return box[0]
+
     def save_group(self):
-        """A gloo group for background saves: on the default group DCP's collectives would meet the
-        training's own (DDP's all-reduce, FSDP's reduce-scatter) in another order and deadlock."""
+        """A gloo group for saves: on the default group DCP's background collectives would meet the training's
+        own (DDP's all-reduce, FSDP's reduce-scatter) in another order and deadlock; and its collectives wait
+        SAVE_TIMEOUT, as long as a commit on rank 0 may take, where the training's give up after a minute."""
         if self._save_group is None:
-            self._save_group = torch.distributed.new_group(backend="gloo")
+            self._save_group = torch.distributed.new_group(backend="gloo", timeout=SAVE_TIMEOUT)
         return self._save_group
 
-    def barrier(self) -> None:
+    def barrier(self, after_save: bool = False) -> None:
+        """Every rank here; AFTER_SAVE: waiting for rank 0 to commit a checkpoint (SAVE_TIMEOUT)."""
         if self.world_size > 1:
-            torch.distributed.barrier()
+            torch.distributed.barrier(group=self.save_group() if after_save else None)
 
     def close(self) -> None:
         if self.world_size > 1 and torch.distributed.is_initialized():

@@ -30,7 +30,7 @@ from .atomic import fsync_path, sha256_file
 from .checkpoint import digest, load_file
 from .errors import UserError
 from .failpoint import failpoint
-from .resume import ENTRIES, NAMES, check_types, seal
+from .resume import ENTRIES, NAMES, check_types, seal, sealed
 
 META = "resume.pth"
 SHARDED = tuple(e.name for e in ENTRIES if e.sharded)  # the entries that live in the DCP files
@@ -57,7 +57,7 @@ class PendingSave:
         self.ranks.barrier()  # ... and on every rank
         if self.ranks.main:
             _commit(_tmp(self.path), self.path, self.entries)
-        self.ranks.barrier()  # no rank goes on before the directory is committed
+        self.ranks.barrier(after_save=True)  # no rank goes on before the directory is committed
 
 
 def save_resume_dir(state: dict, path, ranks, async_save: bool = False) -> PendingSave:
@@ -113,36 +113,64 @@ def read_resume_dir(path) -> dict:
         raise UserError(f"resume directory {path} does not exist")
     meta = check_types(load_file(path / META, "resume directory's"), META_KEYS,
                        f"resume directory {path}: {META}")
+    # the seal first: the manifest is trusted to name the shard files only once its own sha256 matches
+    for k in sealed(meta):
+        if digest(meta[k]) != meta["digests"].get(k):
+            raise UserError(f"resume directory {path}: entry '{k}' does not match its recorded sha256")
     manifest = meta["manifest"]
-    for name in sorted(manifest):
+    names = [n for n in manifest if isinstance(n, str) and n == Path(n).name and n not in ("", ".", "..", META)]
+    if len(names) != len(manifest) or ".metadata" not in manifest or not all(
+            isinstance(h, str) and len(h) == 64 for h in manifest.values()):
+        raise UserError(f"resume directory {path}: entry 'manifest' must name each file of the directory "
+                        "(.metadata among them, no path) with its 64-digit hex digest")
+    for name in sorted(names):
         f = path / name
         if not f.is_file():
             raise UserError(f"resume directory {path}: shard file {name} is missing")
         if sha256_file(f) != manifest[name]:
             raise UserError(f"resume directory {path}: {name} does not match the sha256 recorded when it was "
                             "saved (truncated, damaged, or from another run)")
-    for k, d in meta["digests"].items():
-        if digest(meta[k]) != d:
-            raise UserError(f"resume directory {path}: entry '{k}' does not match its recorded sha256")
     # unpickled here, through the allow-list, so that a refusal is one line before DCP's collectives start
     # (inside dcp.load it would come back wrapped in every rank's traceback)
     with open(path / ".metadata", "rb") as f:
         try:
-            _MetadataUnpickler(f).load()
+            metadata = _MetadataUnpickler(f).load()
         except UserError as e:
             raise UserError(f"resume directory {path}: {e}") from None
         except Exception as e:
             raise UserError(f"resume directory {path}: its .metadata is not DCP metadata ({e})") from None
+    check_dtypes(metadata, meta["fingerprint"].get("weights_dtype"), f"resume directory {path}")
     return meta
 
 
-def load_sharded(path, model, optimizer, load_optimizer: bool = True) -> None:
-    """Load the directory's model and optimizer entries into MODEL and OPTIMIZER, however they are sharded.
+def check_dtypes(metadata, weights_dtype, source: str) -> None:
+    """The shards' dtypes as .metadata records them: DCP would cast them into this run's tensors silently.
+    Weights in the dtype the fingerprint names, AdamW's moments in fp32."""
+    items = getattr(metadata, "state_dict_metadata", None)
+    if not isinstance(items, dict):
+        raise UserError(f"{source}: its .metadata lists no tensors")
+    for fqn, item in items.items():
+        dtype = getattr(getattr(item, "properties", None), "dtype", None)
+        if dtype is None:  # a value stored as bytes (AdamW's hyperparameters)
+            continue
+        want = weights_dtype if fqn.startswith("model.") else "float32" if ".exp_avg" in fqn else None
+        if want is not None and str(dtype).removeprefix("torch.") != want:
+            entry = fqn.split(".")[0]
+            raise UserError(f"{source}: entry '{entry}' tensor {fqn} is {dtype}, not {want}")
 
-    Works in a plain process too (no process group): that is the 2 -> 1 resharding path.
+
+def load_sharded(path, model, optimizer, ranks, updates: int, load_optimizer: bool = True) -> None:
+    """Load the directory's model and optimizer entries into MODEL and OPTIMIZER, however they are sharded,
+    each shard checked as the file path checks whole tensors (UPDATES: AdamW's counter the resume implies).
+
+    Loaded into copies first: a directory refused on any rank leaves every rank's live state as it was, and
+    all of them refuse it. Works in a plain process too (no process group): the 2 -> 1 resharding path.
     """
     model_state, optimizer_state = get_state_dict(model, optimizer)  # the layout this run wants
-    state = {"model": model_state, "optimizer": optimizer_state} if load_optimizer else {"model": model_state}
+    built_groups = optimizer_state["param_groups"]
+    state = {"model": _copies(model_state)}
+    if load_optimizer:
+        state["optimizer"] = _copies(optimizer_state)
     try:
         dcp.load(state, storage_reader=_SafeReader(str(path)), planner=_SafeLoadPlanner(),
                  no_dist=not torch.distributed.is_initialized())
@@ -152,10 +180,55 @@ def load_sharded(path, model, optimizer, load_optimizer: bool = True) -> None:
         reason = str(e).strip().splitlines()
         raise UserError(f"resume directory {path} does not fit this run: "
                         f"{next((line.strip() for line in reversed(reason) if line.strip()), type(e).__name__)}") from None
+    refusal = loaded_refusal(state, built_groups, updates)
+    if ranks.any(refusal is not None):
+        raise UserError(f"resume directory {path}: {refusal or 'another rank refused its shards'}")
     if load_optimizer:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     else:
         set_model_state_dict(model, state["model"])
+
+
+def _copies(tree):
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().clone()
+    if isinstance(tree, dict):
+        return {k: _copies(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_copies(v) for v in tree]
+    return tree
+
+
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def loaded_refusal(state: dict, built_groups: list, updates: int) -> str | None:
+    """Why this rank's shards cannot be continued from (None: they can), in the file path's words
+    (mmkit.resume: check_weights, check_optimizer_state)."""
+    for name, t in state["model"].items():
+        if isinstance(t, torch.Tensor) and not torch.isfinite(_local(t)).all():
+            return f"entry 'model' tensor {name} holds non-finite values"
+    if "optimizer" not in state:
+        return None
+    groups, adamw = state["optimizer"].get("param_groups"), state["optimizer"].get("state")
+    if not isinstance(groups, list) or len(groups) != len(built_groups) or not isinstance(adamw, dict):
+        return f"entry 'optimizer' has not the {len(built_groups)} parameter groups of this run's AdamW"
+    for saved_group, group in zip(groups, built_groups):
+        # lr is set every step from the schedule; every other hyperparameter must be this run's
+        differing = [k for k in group if k not in ("params", "lr") and saved_group.get(k) != group[k]]
+        if differing:
+            return "entry 'optimizer' has other hyperparameters: " + ", ".join(
+                f"{k} {saved_group.get(k)} in the file, {group[k]} now" for k in differing)
+    for fqn, entry in adamw.items():
+        for k in ("exp_avg", "exp_avg_sq"):
+            if not torch.isfinite(_local(entry[k])).all():
+                return f"entry 'optimizer' {k} of {fqn} holds non-finite values"
+        if (_local(entry["exp_avg_sq"]) < 0).any():
+            return f"entry 'optimizer' exp_avg_sq of {fqn} is negative somewhere (it is a mean of squares)"
+        if int(entry["step"]) != updates:
+            return f"entry 'optimizer' step of {fqn} is {int(entry['step'])}, the file's step says {updates} updates"
+    return None
 
 
 # .metadata's pickle may name only these: DCP's own metadata classes and the plain torch values inside them

@@ -14,6 +14,7 @@ from . import fingerprint, resume as entries
 from .atomic import sha256_file
 from .checkpoint import load_file, save_atomic
 from .errors import UserError
+from .failpoint import failpoint
 
 
 def is_dir(path) -> bool:
@@ -54,7 +55,7 @@ def save(live: entries.TrainingState, path, in_background: bool = False):
     ranks.barrier()
     if ranks.main:
         save_atomic(entries.seal(state), path)
-    ranks.barrier()  # ... and none goes on before the file is committed
+    ranks.barrier(after_save=True)  # ... and none goes on before the file is committed
     return Committed()
 
 
@@ -79,14 +80,16 @@ def identity(path) -> str:
 
 
 def checked_by_storage(path) -> tuple:
-    """A directory's sharded entries are checked by the manifest's sha256 and DCP's shape-checked load."""
+    """A directory's sharded entries are checked shard by shard as they load (mmkit.sharded.load_sharded),
+    after the manifest's sha256 and the dtypes .metadata records (read)."""
     return tuple(e.name for e in entries.ENTRIES if e.sharded) if is_dir(path) else ()
 
 
 def put(path, saved: dict, live: entries.TrainingState, skip=(), same_run: bool = False) -> None:
     """Every entry not in SKIP into LIVE: a directory's sharded entries straight from its shards."""
     if is_dir(path):
-        _sharded().load_sharded(path, live.model, live.optimizer, load_optimizer="optimizer" not in skip)
+        _sharded().load_sharded(path, live.model, live.optimizer, live.ranks, entries.updates_of(saved),
+                                load_optimizer="optimizer" not in skip)
         skip = tuple(skip) + checked_by_storage(path)
     entries.put(saved, live, skip, same_run)
 
@@ -136,12 +139,13 @@ def auto_resume(checkpoints, live: entries.TrainingState, expected: entries.Expe
     """Continue from the newest checkpoint of this very run (its fingerprint and origin); True if one was found.
 
     A torn, damaged or foreign checkpoint is skipped with a warning naming it, and the next older one tried.
+    Every rank takes rank 0's list and every verdict is agreed: a checkpoint one rank refuses, all skip.
     """
     ranks = live.ranks
     if ranks.main:
         checkpoints.clear_unfinished()
-    ranks.barrier()
-    for path in checkpoints.checkpoints():
+    for path in ranks.share(checkpoints.checkpoints()):
+        refusal = None
         try:
             saved = read(path)
             fingerprint.check(saved["fingerprint"], live.fingerprint, f"checkpoint {path}")
@@ -150,12 +154,21 @@ def auto_resume(checkpoints, live: entries.TrainingState, expected: entries.Expe
                                 f"this run's {live.origin}")
             ctx = entries.Checking(live, expected, last_step, f"resume file {path}")
             entries.check(saved, ctx, skip=checked_by_storage(path))
+            failpoint(f"verdict-{Path(path).name}")  # the tests make one rank refuse it here
         except UserError as e:
+            refusal = e
+        refused = ranks.any(refusal is not None)
+        if not refused:
+            try:
+                put(path, saved, live, same_run=True)  # a directory's shards are checked as they load, alike
+            except UserError as e:
+                refusal, refused = e, True
+        if refused:
             if ranks.main:
-                print(f"warning: skipping checkpoint {path}: {e}", file=sys.stderr, flush=True)
+                print(f"warning: skipping checkpoint {path}: {refusal or 'refused by another rank'}",
+                      file=sys.stderr, flush=True)
             checkpoints.reject(path)
             continue
-        put(path, saved, live, same_run=True)
         if ranks.main:
             print(f"resume: continuing from checkpoint {path} (step {saved['step']})", file=sys.stderr, flush=True)
         return True
