@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import run_script
 
-from mmkit.crashstates import Op, crash_states
+from mmkit.crashstates import Op, crash_states, forced
 
 
 def crash_check(tmp_path, *args) -> list[dict]:
@@ -27,7 +27,8 @@ def test_every_crash_state_of_a_save_a_dcp_commit_and_a_prune_continues_from_a_c
     assert sum(int(r["states"]) for r in rows) >= 1000, rows
 
 
-@pytest.mark.parametrize("control, saves", [("no-dir-fsync", ["file", "dcp", "prune"]), ("no-fsync", ["file", "prune"])])
+@pytest.mark.parametrize("control, saves", [("no-dir-fsync", ["file", "dcp", "prune"]), ("no-fsync", ["file", "prune"])],
+                         ids=["no-dir-fsync", "no-fsync"])
 def test_the_checker_finds_failing_states_when_the_protocol_is_broken(tmp_path, control, saves):
     """Catches: a checker that cannot fail (a persistence model that keeps whatever was written, as SIGKILL
     does): without the directory's fsync, and MiniMind's .tmp + os.replace with no fsync at all, a commit
@@ -44,12 +45,16 @@ def test_the_persistence_model_loses_what_no_fsync_made_durable():
     initial = {"a": b"old"}
     unsynced = [Op("creat", path="a.tmp", inode=9), Op("write", inode=9, offset=0, data=b"new" * 2000),
                 Op("rename", path="a.tmp", dest="a")]
+    # crashed after the rename: nothing it did is durable, so each may or may not be on disk
+    assert forced(unsynced, 3) == [False, False, False]
     trees = [tree for _, _, tree in crash_states(SimpleNamespace(ops=unsynced, initial=initial))]
     assert {"a": b"old"} in trees and {"a": b"new" * 2000} in trees
     assert {"a": b""} in trees  # the rename persisted, the data not: what MiniMind's pattern risks
     assert {"a": (b"new" * 2000)[:4096]} in trees  # cut at a block
 
     synced = unsynced[:2] + [Op("fsync", inode=9)] + unsynced[2:] + [Op("fsync_dir", path=""), Op("mark")]
+    # the file's fsync makes its data durable, not its name; the directory's fsync makes the name durable
+    assert forced(synced, 4)[:4] == [False, True, True, False] and forced(synced, 5)[:4] == [True, True, True, True]
     trees = [tree for k, _, tree in crash_states(SimpleNamespace(ops=synced, initial=initial))]
     assert {"a": b""} not in trees and not any(t.get("a") not in (b"old", b"new" * 2000) for t in trees)
     assert {"a": b"old"} in trees  # before the directory's fsync the rename may still be undone
