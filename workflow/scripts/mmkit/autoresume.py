@@ -3,9 +3,9 @@
 A training job writes a resume file every checkpoint.every steps into its folder (step_000040.pth, or
 step_000040.dcp under FSDP2), keeps the newest checkpoint.keep of its own, and on start continues from the
 newest one that is of its own run. What it skipped there (another run's checkpoints, damaged ones) goes
-once it has committed one of its own: never before, so that a folder is never left with none. On SIGTERM or SIGUSR1 (what SLURM sends before it kills or requeues a
-job) it finishes the step it is in, checkpoints, and exits with status 75 (errors.Preempted), so a retry or a requeue
-picks it up. The folder is never an output Snakemake knows of: a failed job's outputs are deleted, the
+once it has committed one of its own: never before, so that a folder is never left with none. On SIGTERM
+or SIGUSR1 (what SLURM sends before it kills or requeues a job) it finishes the step it is in,
+checkpoints, and exits with status 75 (errors.Preempted), so a retry or a requeue picks it up. The folder is never an output Snakemake knows of: a failed job's outputs are deleted, the
 folder must survive exactly then.
 """
 

@@ -117,6 +117,13 @@ def check_adamw_offset(offset, saved, ctx):
         ctx.refuse(f"is {offset}; AdamW's updates (step - skipped_steps - this) must lie in 0..steps ({steps})")
 
 
+def other_hyperparameters(saved_group: dict, group: dict) -> str:
+    """Which of this run's AdamW hyperparameters a saved parameter group holds otherwise ('' if none); lr is
+    set every step from the schedule, every other one must be this run's."""
+    differing = [k for k in group if k not in ("params", "lr") and saved_group.get(k) != group[k]]
+    return ", ".join(f"{k} {saved_group.get(k)} in the file, {group[k]} now" for k in differing)
+
+
 def check_optimizer_state(value, saved, ctx):
     """AdamW's state as this run's optimizer would hold it after the file's step less its skipped steps (and
     the steps before AdamW was started afresh)."""
@@ -131,11 +138,9 @@ def check_optimizer_state(value, saved, ctx):
     for saved_group, group in zip(groups, built["param_groups"]):
         if not isinstance(saved_group, dict) or saved_group.get("params") != group["params"]:
             refuse("has parameter groups that list other parameters than this run's")
-        # lr is set every step from the schedule; every other hyperparameter must be this run's
-        differing = [k for k in group if k not in ("params", "lr") and saved_group.get(k) != group[k]]
+        differing = other_hyperparameters(saved_group, group)
         if differing:
-            refuse("has other hyperparameters: " + ", ".join(
-                f"{k} {saved_group.get(k)} in the file, {group[k]} now" for k in differing))
+            refuse(f"has other hyperparameters: {differing}")
     if set(state) != set(range(len(params))) or not all(type(k) is int for k in state):
         refuse(f"holds state for {len(state)} parameters, this run has {len(params)}")
     for i, p in enumerate(params):

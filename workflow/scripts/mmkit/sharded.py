@@ -30,7 +30,7 @@ from .atomic import fsync_path, sha256_file
 from .checkpoint import digest, load_file
 from .errors import UserError
 from .failpoint import failpoint
-from .resume import ENTRIES, NAMES, check_types, seal, sealed
+from .resume import ENTRIES, NAMES, check_types, other_hyperparameters, seal, sealed
 
 META = "resume.pth"
 SHARDED = tuple(e.name for e in ENTRIES if e.sharded)  # the entries that live in the DCP files
@@ -215,11 +215,9 @@ def loaded_refusal(state: dict, built_groups: list, updates: int) -> str | None:
     if not isinstance(groups, list) or len(groups) != len(built_groups) or not isinstance(adamw, dict):
         return f"entry 'optimizer' has not the {len(built_groups)} parameter groups of this run's AdamW"
     for saved_group, group in zip(groups, built_groups):
-        # lr is set every step from the schedule; every other hyperparameter must be this run's
-        differing = [k for k in group if k not in ("params", "lr") and saved_group.get(k) != group[k]]
+        differing = other_hyperparameters(saved_group, group)
         if differing:
-            return "entry 'optimizer' has other hyperparameters: " + ", ".join(
-                f"{k} {saved_group.get(k)} in the file, {group[k]} now" for k in differing)
+            return f"entry 'optimizer' has other hyperparameters: {differing}"
     for fqn, entry in adamw.items():
         for k in ("exp_avg", "exp_avg_sq"):
             if not torch.isfinite(_local(entry[k])).all():
