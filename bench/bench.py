@@ -11,6 +11,8 @@ figure is a median of repetitions and every ratio compares figures of this same 
   e. memory.py     peak resident memory of a MiniMind2-small training job
   f. op_profile.py where a step's time goes, per precision (torch.profiler)
   g. options.py    the step's options (AdamW kernels, attention written out, torch.compile) against the configured step
+  h. ckpt_cost.py  what checkpoints cost the run: stall per save (sync, async), training time with them, every: auto,
+                   recovery after a SIGKILL, preemption latency
 tables.py writes the outputs; targets.md is the README's table of targets.
 """
 
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from common import DIMS_SOURCES, ROOT, TARGET_DIMS, machine_info
 
-SECTIONS = ("matmul", "step", "options", "io", "dag", "memory", "profile")
+SECTIONS = ("matmul", "step", "options", "io", "cost", "dag", "memory", "profile")
 
 
 def parse_args():
@@ -45,6 +47,8 @@ def parse_args():
                    help="directory on the disk to measure; a temporary folder is made inside it (default bench/)")
     p.add_argument("--matmul-n", type=int, help="matmul size n (default 2048; --quick 1024)")
     p.add_argument("--skip", default="", help=f"comma list of sections to skip: {','.join(SECTIONS)}")
+    p.add_argument("--keep-skipped", action="store_true",
+                   help="keep the skipped sections' rows of an earlier run's --out-csv (one section measured again)")
     p.add_argument("--dag", default=None,
                    help="comma list of DIMS:CORES DAG runs (default default:1,default:2,minimind2-small:1; "
                         "--quick default:1)")
@@ -67,6 +71,7 @@ def parse_args():
 
 def measure(args) -> list:
     """Every section not skipped, in an order where each can use what the earlier ones measured."""
+    from ckpt_cost import bench_checkpoint_cost
     from ckpt_io import bench_checkpoint_io
     from dag import dag_overhead
     from matmul import add_matmul_share, bench_matmul
@@ -94,6 +99,12 @@ def measure(args) -> list:
             rows += bench_checkpoint_io(args.io_dims, io_dir, args.reps, args.warmup)
         finally:
             shutil.rmtree(io_dir, ignore_errors=True)
+    if "cost" not in args.skip:
+        work = Path(tempfile.mkdtemp(prefix=".bench-cost-", dir=args.io_dir))
+        try:
+            rows += bench_checkpoint_cost(TARGET_DIMS, work, args.reps, args.warmup, 1 if args.quick else 2)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     if "dag" not in args.skip:
         rows += [dag_overhead(dims, cores) for dims, cores in args.dag]
     return rows
@@ -109,6 +120,9 @@ def main():
     start, load_before = time.perf_counter(), os.getloadavg()
     print(f"bench: {machine_info()}", flush=True)
     rows = measure(args)
+    if args.keep_skipped and args.out_csv.exists():  # the earlier run's machine row goes: this run's is first
+        kept = [r for r in read_csv_rows(args.out_csv) if r["section"] in args.skip]
+        rows = rows[:1] + kept + rows[1:]
     elapsed = time.perf_counter() - start
     header = [f"- machine: {machine_info()}",
               f"- mode: {'--quick' if args.quick else 'full'}; {args.reps} timed repetitions per candidate after "
@@ -117,6 +131,9 @@ def main():
               f"- load average (1/5/15 min) at start {'/'.join(f'{x:.2f}' for x in load_before)}, at end "
               f"{'/'.join(f'{x:.2f}' for x in os.getloadavg())}; the run took {elapsed:.0f} s",
               f"- command: `python bench/bench.py {' '.join(sys.argv[1:])}`"]
+    if args.keep_skipped:
+        header.append(f"- rows of {', '.join(sorted(args.skip))}: kept from the earlier run's CSV (their own "
+                      "repetitions and machine state), not measured by this command")
     write_csv(rows, args.out_csv)
     args.out_md.parent.mkdir(parents=True, exist_ok=True)
     args.out_md.write_text(render_markdown(rows, header))

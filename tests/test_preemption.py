@@ -362,6 +362,7 @@ def test_snakemake_killed_again_and_again_and_rerun_incomplete_ends_with_the_cle
 # passes SIGUSR1 on and exits 75 when its ranks were preempted
 TORCHRUN = [sys.executable, str(SCRIPTS / "torchrun.py"), "--standalone", "--nproc-per-node", "2"]
 DDP_ENV = {**clean_env(), "OMP_NUM_THREADS": "1"}
+HANG_S = 40  # a 2-rank tiny job runs in seconds; its ranks' collectives wait a minute before they give up
 
 
 @pytest.fixture(scope="module")
@@ -409,10 +410,19 @@ def test_a_checkpoint_one_rank_refuses_is_skipped_by_every_rank(pipeline, ddp_jo
     assert code == 75, err[-2000:]
     older, newest = committed(checkpoints)[-2:]
     env = {**DDP_ENV, "MMKIT_FAILPOINT": f"verdict-{newest.name}:1:REFUSE"}  # rank 1 alone refuses the newest
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"warning: skipping checkpoint {newest}: refused by another rank" in proc.stderr, proc.stderr[-2000:]
-    assert resumed_step(proc.stderr) == int(older.stem.split("_")[1]), proc.stderr[-2000:]
+    # ranks that chose apart hang in their first collective (a minute, COLLECTIVE_TIMEOUT): this run takes
+    # seconds, so a hang is called after HANG_S, not waited out
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=HANG_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"the ranks hung for {HANG_S} s: they continued from different checkpoints\n"
+                    f"{proc.communicate()[1][-2000:]}")
+    assert proc.returncode == 0, stderr[-2000:]
+    assert f"warning: skipping checkpoint {newest}: refused by another rank" in stderr, stderr[-2000:]
+    assert resumed_step(stderr) == int(older.stem.split("_")[1]), stderr[-2000:]
     assert_same_as_uninterrupted(out, ref)
 
 

@@ -12,6 +12,7 @@ steps and when SIGTERM/SIGUSR1 arrives (then exits 75), and the same command con
 
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -106,28 +107,42 @@ def run(args, cfg, stop_at, device, ranks):
         if ranks.main:
             checkpoints.prune()
 
-    pending = None  # a checkpoint still being written in the background (checkpoint.async)
-    t0 = time.perf_counter()
-    for step in train(cfg, device, live, plan, last_step, schedule_offset):
-        failpoint(f"step{step}")  # the tests kill one rank here, mid-run
-        preempted = PREEMPTION.requested(ranks) and step < last_step
-        if checkpoints and (preempted or checkpoints.due(step, last_step)):
-            if pending:
-                commit(pending)
-            path = checkpoints.new_path(step, ranks.sharded)
-            in_background = cfg.checkpoint.async_save and not preempted
-            pending = store.save(live, path, in_background)
-            if not in_background:
-                commit(pending)
-                pending = None
-            if ranks.main:
-                print(f"checkpoint: {path}", file=sys.stderr, flush=True)
-        if preempted:  # its checkpoint was saved in the foreground and is committed
-            raise Preempted(f"{PREEMPTION.received or 'a signal to another rank'} after step {step} of {last_step}: "
-                            + (f"continue from {path}" if checkpoints else "no --checkpoint-dir, nothing saved"))
-    seconds = time.perf_counter() - t0
-    if pending:
-        commit(pending)
+    pending = None  # a checkpoint still being written in the background (checkpoint.async): one at most
+    t0 = t_step = time.perf_counter()
+    overlapped = False  # whether a background write was in flight when the step began (every: auto's measure)
+    try:
+        for step in train(cfg, device, live, plan, last_step, schedule_offset):
+            failpoint(f"step{step}")  # the tests kill one rank here, mid-run
+            if checkpoints and checkpoints.auto:
+                checkpoints.auto.stepped(time.perf_counter() - t_step, overlapped)
+            preempted = PREEMPTION.requested(ranks) and step < last_step
+            if checkpoints and (preempted or due(checkpoints, step, last_step, ranks)):
+                t_save = time.perf_counter()
+                if pending:  # the next snapshot waits for the previous commit
+                    commit(pending)
+                path = checkpoints.new_path(step, ranks.sharded)
+                in_background = cfg.checkpoint.async_save and not preempted
+                pending = store.save(live, path, in_background)
+                if not in_background:
+                    commit(pending)
+                    pending = None
+                if ranks.main:
+                    print(f"checkpoint: {path}{' (writing in the background)' if in_background else ''}",
+                          file=sys.stderr, flush=True)
+                if checkpoints.auto:
+                    checkpoints.auto.saved(step, time.perf_counter() - t_save, pending)
+            if preempted:  # its checkpoint was saved in the foreground and is committed
+                raise Preempted(f"{PREEMPTION.received or 'a signal to another rank'} after step {step} of {last_step}: "
+                                + (f"continue from {path}" if checkpoints else "no --checkpoint-dir, nothing saved"))
+            t_step, overlapped = time.perf_counter(), pending is not None and pending.writing()
+        seconds = time.perf_counter() - t0
+        if pending:
+            commit(pending)
+            pending = None
+    finally:
+        if pending:  # a failed run lets its last checkpoint's write finish (atomic either way); its error first
+            with contextlib.suppress(Exception):
+                pending.wait()
 
     if stop_at is not None:
         store.save(live, args.out, in_background=cfg.checkpoint.async_save).commit()
@@ -145,6 +160,13 @@ def run(args, cfg, stop_at, device, ranks):
         write_text_atomic(args.timing, json.dumps(timing, indent=2) + "\n")
     if checkpoints and ranks.main:
         checkpoints.finish()
+
+
+def due(checkpoints, step: int, last_step: int, ranks) -> bool:
+    """A periodic checkpoint now? Under every: auto rank 0's clock decides for every rank."""
+    if checkpoints.auto:
+        return ranks.any(ranks.main and checkpoints.due(step, last_step))
+    return checkpoints.due(step, last_step)
 
 
 def step_number(text: str):

@@ -9,6 +9,7 @@ checkpoints, and exits with status 75 (errors.Preempted), so a retry or a requeu
 folder must survive exactly then.
 """
 
+import math
 import re
 import shutil
 import signal
@@ -21,10 +22,11 @@ NAME = re.compile(r"^step_(\d{6,})\.(pth|dcp)$")
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    every: int = 0  # steps between periodic checkpoints; 0 = only on a signal
+    every: int | str = 0  # steps between periodic checkpoints; 0 = only on a signal; "auto": AutoInterval
     keep: int = 2  # the newest this many stay
     keep_when_done: bool = False  # a finished job removes its folder unless this is set
-    async_save: bool = False  # fsdp2: write the shards in the background (checkpoint.async)
+    async_save: bool = False  # write it in the background while training goes on (checkpoint.async)
+    overhead: float = 0.02  # every: auto keeps the checkpoints' stall at most this share of the training time
 
 
 class CheckpointDir:
@@ -32,6 +34,7 @@ class CheckpointDir:
 
     def __init__(self, path, cfg: CheckpointConfig):
         self.path, self.cfg = Path(path), cfg
+        self.auto = AutoInterval(cfg.overhead) if cfg.every == "auto" else None
         # the checkpoints auto-resume skipped (another run's, or damaged): never counted among the newest
         # `keep`, which are this run's own; they go once this run has committed a checkpoint of its own
         self.rejected: list[Path] = []
@@ -44,8 +47,13 @@ class CheckpointDir:
         return path
 
     def due(self, step: int, last_step: int) -> bool:
-        """A periodic checkpoint after STEP? Never after the last one: the job's own output follows."""
-        return self.cfg.every > 0 and step % self.cfg.every == 0 and step < last_step
+        """A periodic checkpoint after STEP? Never after the last one: the job's own output follows. Under
+        every: auto, rank 0's clock decides (mmkit.parallel.Ranks.any makes it every rank's)."""
+        if step >= last_step:
+            return False
+        if self.auto:
+            return self.auto.due(step)
+        return self.cfg.every > 0 and step % self.cfg.every == 0
 
     def checkpoints(self) -> list[Path]:
         """The committed checkpoints, newest first (a .tmp is a save that never finished)."""
@@ -89,6 +97,63 @@ def remove(p: Path) -> None:
         shutil.rmtree(p)
     else:
         p.unlink(missing_ok=True)
+
+
+class AutoInterval:
+    """checkpoint.every: auto, as CheckFreq (FAST'21) chooses it: from measured costs, the fewest steps
+    between checkpoints that keep their cost at most OVERHEAD of the training time.
+
+    A checkpoint costs its stall (the time the loop stands still for it: waiting for the previous commit,
+    the snapshot, a foreground write) plus what its background write took from training: what it slowed
+    the steps it overlapped (their time beyond the median step begun with no write in flight), or, where
+    that is less, the CPU time the writer thread used (on a busy machine the slowdown is lost in the
+    noise of the steps; the CPU the write used is not). The first checkpoint comes after the
+    process's second step (its first warms up); each later one once the previous one's cost is measured
+    (its write done) and ceil(mean cost / (OVERHEAD * median step)) steps have passed since it. Where
+    checkpoints land changes no bit of the run: only how much a kill costs."""
+
+    def __init__(self, overhead: float):
+        self.overhead, self.every, self.last, self.costs = overhead, None, None, []
+        # step seconds: of steps begun with no write in flight, and with one (since the last checkpoint)
+        self.clean, self.overlapped = [], []
+        self.steps, self.stall, self.pending = 0, None, None  # of the last checkpoint, while its cost is unknown
+
+    def stepped(self, seconds: float, overlapped: bool) -> None:
+        self.steps += 1
+        if overlapped:
+            self.overlapped.append(seconds)
+            return
+        if self.steps > 1:  # the process's first step warms up
+            self.clean.append(seconds)
+        if self.stall is not None:  # this step began with the last write done: its cost is known
+            self._measured()
+
+    def due(self, step: int) -> bool:
+        if self.last is None:
+            return self.steps >= 2
+        return self.every is not None and self.stall is None and step - self.last >= self.every
+
+    def saved(self, step: int, stall: float, pending=None) -> None:
+        self.last, self.stall, self.pending, self.overlapped = step, stall, pending, []
+
+    def _measured(self) -> None:
+        step_time = median(self.clean)
+        slowdown = sum(max(0.0, s - step_time) for s in self.overlapped)
+        writer = getattr(self.pending, "cpu_seconds", 0.0)
+        self.costs.append(self.stall + max(slowdown, writer))
+        every = max(1, math.ceil(sum(self.costs) / len(self.costs) / (self.overhead * step_time)))
+        if every != self.every:
+            print(f"checkpoint: every auto = {every} steps (the last checkpoint stalled the loop "
+                  f"{self.stall * 1000:.0f} ms, its write slowed {len(self.overlapped)} steps by "
+                  f"{slowdown * 1000:.0f} ms and used {writer * 1000:.0f} ms of CPU; a step takes "
+                  f"{step_time * 1000:.0f} ms; overhead {self.overhead:g})",
+                  file=sys.stderr, flush=True)
+        self.every, self.stall, self.pending = every, None, None
+
+
+def median(xs: list) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
 
 
 class Preemption:

@@ -183,7 +183,7 @@ def run_config(cfg: Settings) -> RunConfig:
     parallel = ParallelConfig(**{k: getattr(cfg.parallel, k) for k in ParallelConfig.__dataclass_fields__})
     ck = cfg.checkpoint
     checkpoint = CheckpointConfig(every=ck.every, keep=ck.keep, keep_when_done=ck.keep_when_done,
-                                  async_save=getattr(ck, "async"))
+                                  async_save=getattr(ck, "async"), overhead=ck.overhead)
     return RunConfig(**values, data_format=cfg.data.format, workers=cfg.data.workers, model=model,
                      parallel=parallel, checkpoint=checkpoint)
 

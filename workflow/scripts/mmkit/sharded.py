@@ -46,6 +46,9 @@ class PendingSave:
     def __init__(self, path, entries: dict, ranks, future=None):
         self.path, self.entries, self.ranks, self.future = Path(path), entries, ranks, future
 
+    def writing(self) -> bool:
+        return self.future is not None and not self.future.done()
+
     def wait(self) -> None:
         if self.future is not None:
             self.future.result()  # the background writes are done on this rank

@@ -1,18 +1,24 @@
 """Saving and loading a resume, whichever form it takes: one file (world size 1, DDP) or, under FSDP2, a
 directory of DCP shards (mmkit.sharded). The loop asks "save" and "load"; this module knows the files.
 
-  save(live, path)            -> what to commit(): only then is it the real one (wait(): its bytes written)
+  save(live, path)            -> what to commit(): only then is it the real one (wait(): its bytes written;
+                                 in_background: by a thread, from a snapshot, while training goes on)
   read(path)                  -> the resume's entries, each of its type, of this code's format
   resume(path, live, ...)     -> a new run continues from a resume: fingerprint, every entry checked, put back
   auto_resume(folder, live)   -> a restarted run continues from the newest checkpoint of its own
 """
 
 import sys
+import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
+
+import torch
 
 from . import fingerprint, resume as entries
 from .atomic import sha256_file
-from .checkpoint import load_file, save_atomic
+from .checkpoint import host_snapshot, load_file, save_atomic
 from .errors import UserError
 from .failpoint import failpoint
 
@@ -36,27 +42,77 @@ def describe(path) -> str:
 # --- saving ----------------------------------------------------------------------------------------
 
 
-class Committed:
-    """A resume file: written and committed before save() returns (sharded.PendingSave: a directory's)."""
+class PendingFile:
+    """A resume file being saved (sharded.PendingSave: a directory's). commit(): it is on disk, on every rank.
+
+    In the background, rank 0's thread writes a snapshot (a host copy of every tensor, taken before save()
+    returned) through the same atomic, durable save_atomic as the foreground save, so the bytes are the same
+    and a kill during the write leaves the previous checkpoint. wait() only joins that thread."""
+
+    def __init__(self, ranks, path, state=None, in_background=False):
+        self.ranks, self.path, self.error, self.thread, self.cpu_seconds = ranks, path, None, None, 0.0
+        if state is not None and in_background:
+            self.thread = threading.Thread(target=self._write, args=(state,), name="checkpoint-writer", daemon=True)
+            self.thread.start()
+        elif state is not None:
+            save_atomic(entries.seal(state), path)
+
+    def _write(self, state) -> None:
+        t0 = time.thread_time()
+        try:
+            save_atomic(entries.seal(state), self.path)
+        except BaseException as e:  # raised in the loop's thread, at wait()
+            self.error = e
+        self.cpu_seconds = time.thread_time() - t0  # what it could take from training (every: auto's measure)
+
+    def writing(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
 
     def wait(self) -> None:
-        pass
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+            if self.error is not None:
+                raise self.error
 
     def commit(self) -> None:
-        pass
+        self.wait()
+        self.ranks.barrier(after_save=True)  # no rank goes on before the file is committed
 
 
 def save(live: entries.TrainingState, path, in_background: bool = False):
-    """The live state's resume to PATH: the file (rank 0, after every rank finished the step), or under FSDP2
-    the directory (every rank its shards; in_background writes them while training goes on)."""
+    """The live state's resume to PATH, to commit(): the file (rank 0, after every rank finished the step), or
+    under FSDP2 the directory (every rank its shards). IN_BACKGROUND: training goes on while it is written."""
     state, ranks = entries.resume_state(live), live.ranks
     if ranks.sharded:
         return _sharded().save_resume_dir(state, path, ranks, async_save=in_background)
     ranks.barrier()
-    if ranks.main:
-        save_atomic(entries.seal(state), path)
-    ranks.barrier(after_save=True)  # ... and none goes on before the file is committed
-    return Committed()
+    if not ranks.main:
+        return PendingFile(ranks, path)
+    # a file holds host tensors on every device, so the foreground and the background save write the same bytes
+    on_host = all(t.device.type == "cpu" for t in tensors(state))
+    if in_background or not on_host:
+        if _SNAPSHOT.pending is not None:  # its write reads the buffers this snapshot refills
+            _SNAPSHOT.pending.wait()
+        state = host_snapshot(state, pin=not on_host, reuse=_SNAPSHOT.buffers)
+    pending = PendingFile(ranks, path, state, in_background)
+    _SNAPSHOT.pending = pending if in_background else None
+    return pending
+
+
+# one save in flight at most: the last snapshot's host storages, refilled by the next once its write is done
+_SNAPSHOT = SimpleNamespace(buffers=[], pending=None)
+
+
+def tensors(tree):
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, dict):
+        for v in tree.values():
+            yield from tensors(v)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            yield from tensors(v)
 
 
 # --- reading ---------------------------------------------------------------------------------------
