@@ -13,7 +13,7 @@ sys.path.append(str(ROOT / "workflow" / "scripts"))  # mmkit, wherever the bench
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-from mmkit.hardware import isa_summary  # noqa: E402
+from mmkit.hardware import cpu_vendor, isa_summary  # noqa: E402
 from mmkit.model import ModelConfig  # noqa: E402
 
 BATCH, SEQ, LR = 8, 128, 3.0e-3
@@ -49,7 +49,7 @@ def machine_info() -> str:
         pass
     import transformers
 
-    return (f"{cpu}, {os.cpu_count()} logical CPUs, ISA flags: {isa_summary()}; torch {torch.__version__} "
+    return (f"{cpu}, {os.cpu_count()} logical CPUs, ISA flags: {cpu_vendor()}: {isa_summary()}; torch {torch.__version__} "
             f"(CPU capability {torch.backends.cpu.get_cpu_capability()}), transformers {transformers.__version__}, "
             f"Python {platform.python_version()}")
 

@@ -31,7 +31,7 @@ from mmkit.config import load_config, run_config  # noqa: E402
 from mmkit.data import StepPlan, TrainingData  # noqa: E402
 from mmkit.errors import Preempted, UserError, run_cli  # noqa: E402
 from mmkit.failpoint import failpoint  # noqa: E402
-from mmkit.hardware import isa_summary, resolve_precision  # noqa: E402
+from mmkit.hardware import cpu_vendor, isa_summary, resolve_precision  # noqa: E402
 from mmkit.parallel import start, weights  # noqa: E402
 from mmkit.resume import ABLATIONS, Expected  # noqa: E402
 from mmkit.train import build, make_deterministic, train  # noqa: E402
@@ -73,7 +73,8 @@ def main():
     device = make_deterministic(cfg)
     if cfg.precision == "auto":  # decided here, once: the fingerprint, the timing and the report get the result
         cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
-        print(f"precision: auto is {cfg.precision} on this {device} ({isa_summary()})", file=sys.stderr, flush=True)
+        print(f"precision: auto is {cfg.precision} on this {device} ({cpu_vendor()}: {isa_summary()})", file=sys.stderr,
+              flush=True)
     ranks = start(cfg.parallel, device, args.rank_generators)
     try:
         run(args, cfg, stop_at, device, ranks)

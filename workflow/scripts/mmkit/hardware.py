@@ -34,11 +34,10 @@ def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("vendor_id")), "")
 
 
-def isa_summary(flags: set[str] | None = None, vendor: str | None = None) -> str:
-    """'AuthenticAMD: amx_bf16 no, avx512_bf16 yes, avx512f yes': printed next to every figure."""
+def isa_summary(flags: set[str] | None = None) -> str:
+    """'amx_bf16 no, avx512_bf16 yes, avx512f yes': printed next to every figure."""
     flags = cpu_flags() if flags is None else flags
-    vendor = cpu_vendor() if vendor is None else vendor
-    return f"{vendor or 'unknown vendor'}: " + ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in ISA_FLAGS)
+    return ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in ISA_FLAGS)
 
 
 def resolve_precision(precision: str, device: str, flags: set[str] | None = None, vendor: str | None = None) -> str:
