@@ -412,14 +412,17 @@ def test_a_checkpoint_one_rank_refuses_is_skipped_by_every_rank(pipeline, ddp_jo
     env = {**DDP_ENV, "MMKIT_FAILPOINT": f"verdict-{newest.name}:1:REFUSE"}  # rank 1 alone refuses the newest
     # ranks that chose apart hang in their first collective (a minute, COLLECTIVE_TIMEOUT): this run takes
     # seconds, so a hang is called after HANG_S, not waited out
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    log = tmp_path / "restart.log"  # a file: a pipe would wait for the hung ranks to close it
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=f, env=env)
     try:
-        _, stderr = proc.communicate(timeout=HANG_S)
+        proc.wait(timeout=HANG_S)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        subprocess.run(["pkill", "-KILL", "-P", str(proc.pid)])  # the ranks, which would wait on in their collective
+        proc.kill()
         pytest.fail(f"the ranks hung for {HANG_S} s: they continued from different checkpoints\n"
-                    f"{proc.communicate()[1][-2000:]}")
+                    f"{log.read_text()[-2000:]}")
+    stderr = log.read_text()
     assert proc.returncode == 0, stderr[-2000:]
     assert f"warning: skipping checkpoint {newest}: refused by another rank" in stderr, stderr[-2000:]
     assert resumed_step(stderr) == int(older.stem.split("_")[1]), stderr[-2000:]
