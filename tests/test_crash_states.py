@@ -17,14 +17,17 @@ def crash_check(tmp_path, *args) -> list[dict]:
     return list(csv.DictReader(out.open()))
 
 
-def test_every_crash_state_of_a_save_a_dcp_commit_and_a_prune_continues_from_a_committed_checkpoint(tmp_path):
+# one process per save, so that a breakage of one (the DCP commit's) is checked without the other two
+@pytest.mark.parametrize("sequence", ["file", "dcp", "prune"])
+def test_every_crash_state_of_a_save_a_dcp_commit_and_a_prune_continues_from_a_committed_checkpoint(tmp_path,
+                                                                                                   sequence):
     """Catches: a save, a DCP directory commit or a prune whose order of writes, fsyncs and renames lets a
     power loss tear a checkpoint, lose one reported committed, or leave a state auto-resume crashes on."""
-    rows = crash_check(tmp_path)
-    assert [r["sequence"] for r in rows] == ["file", "dcp", "prune"]
-    assert all(r["failures"] == "0" for r in rows), rows
-    assert all(int(r["crash_points"]) >= 4 for r in rows), rows  # each crashed at every step of its save
-    assert sum(int(r["states"]) for r in rows) >= 1000, rows
+    rows = crash_check(tmp_path, "--sequences", sequence)
+    assert [r["sequence"] for r in rows] == [sequence]
+    assert rows[0]["failures"] == "0", rows
+    assert int(rows[0]["crash_points"]) >= 4, rows  # it crashed at every step of its save
+    assert int(rows[0]["states"]) >= 300, rows  # 350, 424 and 351 when written
 
 
 @pytest.mark.parametrize("control, saves", [("no-dir-fsync", ["file", "dcp", "prune"]), ("no-fsync", ["file", "prune"])],

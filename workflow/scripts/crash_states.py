@@ -175,13 +175,14 @@ def main():
     p.add_argument("--out-csv", required=True, help="sequence,control,operations,crash_points,states,failures")
     p.add_argument("--control", choices=list(BREAKS), help="break the protocol: must fail states")
     p.add_argument("--controls", nargs="*", default=[], help="the controls' CSVs, for the report's table")
+    p.add_argument("--sequences", nargs="+", choices=SEQUENCES, default=SEQUENCES, help="only these saves")
     args = p.parse_args()
     rows, lines = [], []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         tokens = tmp / "tokens.npy"
         np.save(tokens, (np.arange(4096) * 7919 % CFG.model.vocab_size).astype(np.int32))
-        for sequence in BREAKS.get(args.control, SEQUENCES):
+        for sequence in [s for s in BREAKS.get(args.control, SEQUENCES) if s in args.sequences]:
             job = Job(tokens)
             with broken(args.control):
                 recorder = record(job, tmp / sequence, sequence)
