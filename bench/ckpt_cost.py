@@ -14,42 +14,24 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
 import yaml
-from common import LR, ROOT, config_of, model_config, summary, time_interleaved
+from ckpt_io import resume_sized_live
+from common import ROOT, config_of, summary, time_interleaved
 
 from mmkit import store
-from mmkit.model import MiniMindForCausalLM
-from mmkit.parallel import Ranks
-from mmkit.resume import TrainingState
-from mmkit.train import WEIGHT_DECAY
 
 RUN = ROOT / "workflow" / "scripts" / "run.py"
 EVERY = 10
-
-
-def live_state(dims: str) -> TrainingState:
-    """A live training state at DIMS with AdamW's state populated (what a checkpoint after step 1 takes)."""
-    torch.manual_seed(0)
-    model = MiniMindForCausalLM(model_config(dims))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-    for p in model.parameters():
-        p.grad = torch.randn_like(p) * 1e-3
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return TrainingState(model, optimizer, torch.Generator().manual_seed(0),
-                         SimpleNamespace(position={"epoch": 0, "batch": 1}), None, Ranks(1, 0, "single", 1),
-                         {"format": 0, "note": "bench"}, step=1)
 
 
 def bench_stall(dims: str, io_dir: Path, reps: int, warmup: int) -> dict:
     """How long save() holds the loop: the whole durable write (sync), or the snapshot (async; the write
     goes on in a thread, committed before the next round)."""
     torch.set_num_threads(1)
-    live = live_state(dims)
+    live = resume_sized_live(dims)
     path = io_dir / "stall.pth"
     committed = []
 

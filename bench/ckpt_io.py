@@ -18,8 +18,9 @@ from mmkit.resume import TrainingState, resume_state
 from mmkit.train import WEIGHT_DECAY
 
 
-def resume_sized_state(dims: str) -> dict:
-    """What run.py --stop-at writes: model + AdamW state (exp_avg, exp_avg_sq populated) + step + data position."""
+def resume_sized_live(dims: str) -> TrainingState:
+    """A live training state at DIMS with AdamW's state populated (exp_avg, exp_avg_sq): what a checkpoint
+    after step 1 takes."""
     torch.manual_seed(0)
     model = MiniMindForCausalLM(model_config(dims))
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
@@ -29,8 +30,13 @@ def resume_sized_state(dims: str) -> dict:
     optimizer.zero_grad(set_to_none=True)
     gen = torch.Generator().manual_seed(0)
     batches = SimpleNamespace(position={"epoch": 0, "batch": 1})
-    return resume_state(TrainingState(model, optimizer, gen, batches, None, Ranks(1, 0, "single", 1),
-                                      {"format": 1, "note": "bench"}, step=1))
+    return TrainingState(model, optimizer, gen, batches, None, Ranks(1, 0, "single", 1),
+                         {"format": 1, "note": "bench"}, step=1)
+
+
+def resume_sized_state(dims: str) -> dict:
+    """What run.py --stop-at writes: model + AdamW state + step + data position."""
+    return resume_state(resume_sized_live(dims))
 
 
 def dd_write(path: Path, mib: int) -> float:

@@ -13,6 +13,7 @@ import math
 import re
 import shutil
 import signal
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,7 +138,7 @@ class AutoInterval:
         self.last, self.stall, self.pending, self.overlapped = step, stall, pending, []
 
     def _measured(self) -> None:
-        step_time = median(self.clean)
+        step_time = statistics.median_high(self.clean)
         slowdown = sum(max(0.0, s - step_time) for s in self.overlapped)
         writer = getattr(self.pending, "cpu_seconds", 0.0)
         self.costs.append(self.stall + max(slowdown, writer))
@@ -149,11 +150,6 @@ class AutoInterval:
                   f"{step_time * 1000:.0f} ms; overhead {self.overhead:g})",
                   file=sys.stderr, flush=True)
         self.every, self.stall, self.pending = every, None, None
-
-
-def median(xs: list) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2]
 
 
 class Preemption:

@@ -13,25 +13,23 @@ import torch
 ISA_FLAGS = ("amx_bf16", "avx512_bf16", "avx512f")  # the ones every performance figure is printed with
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
-    """The first CPU's flags; empty where /proc/cpuinfo is absent (not Linux) or unreadable."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
-def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """GenuineIntel, AuthenticAMD, ...; empty where /proc/cpuinfo says nothing."""
+def cpuinfo_field(name: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The first CPU's NAME line of /proc/cpuinfo (flags, vendor_id); empty where it is absent (not Linux)
+    or unreadable."""
     try:
         text = cpuinfo.read_text()
     except OSError:
         return ""
-    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("vendor_id")), "")
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith(name)), "")
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    return set(cpuinfo_field("flags", cpuinfo).split())
+
+
+def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """GenuineIntel, AuthenticAMD, ...; empty where /proc/cpuinfo says nothing."""
+    return cpuinfo_field("vendor_id", cpuinfo)
 
 
 def isa_summary(flags: set[str] | None = None) -> str:
