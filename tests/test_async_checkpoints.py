@@ -13,7 +13,8 @@ import pytest
 import torch
 from conftest import clean_env, same_state_dict
 from test_preemption import (DDP_ENV, EVERY, STEPS, assert_same_as_uninterrupted, chaos_config, committed, ddp_cmd,
-                             ddp_job, kill_at_step, newest_checkpoint, resumed_step, run, train_cmd, uninterrupted)
+                             ddp_job, killed_after_step, newest_checkpoint, resumed_step, run,
+                             signal_torchrun_after_step, train_cmd, uninterrupted)
 
 from mmkit.checkpoint import host_snapshot
 from mmkit.model import MiniMindForCausalLM, ModelConfig
@@ -78,7 +79,9 @@ def test_a_kill_during_a_background_write_leaves_the_previous_checkpoint(pipelin
     """Catches: a background write that commits a torn file, or damages or removes the checkpoint before it."""
     out, checkpoints = tmp_path / "job.pth", tmp_path / "checkpoints"
     cmd = train_cmd(chaos_config(pipeline, tmp_path, **{"async": True}), pipeline, out, checkpoints)
-    code, err = kill_at_step(cmd, EVERY + 1, signal.SIGKILL)
+    # after step 2 * EVERY + 1: step EVERY's write is committed by then (step 2 * EVERY's snapshot waited for
+    # it), 2 * EVERY's may still be in flight
+    code, err = killed_after_step(cmd, 2 * EVERY + 1, signal.SIGKILL)
     assert code == -signal.SIGKILL and committed(checkpoints), err[-1500:]
     before = {p.name: p.read_bytes() for p in committed(checkpoints)}
     # killed inside the first save of the restart, in the writer thread: its bytes written, nothing renamed
@@ -106,7 +109,8 @@ def test_a_signal_under_async_ends_in_a_committed_checkpoint_and_exit_75(pipelin
         config = tmp_path / "ddp-async.yaml"
         config.write_text(ddp_job[0].read_text().replace("async: false", "async: true"))
         cmd, env, ref = ddp_cmd(config, pipeline, out, checkpoints), DDP_ENV, ddp_job[1]
-    code, err = kill_at_step(cmd, 2 * EVERY + 1, signal.SIGTERM, env)
+    code, err = (killed_after_step(cmd, 2 * EVERY + 1, signal.SIGTERM, env) if ranks == 1 else
+                 signal_torchrun_after_step(cmd, 2 * EVERY + 1, signal.SIGTERM, env))
     assert code == 75 and "preempted: SIGTERM after step" in err, err[-2000:]
     assert "(writing in the background)" in err  # the periodic ones before it were
     stopped = newest_checkpoint(checkpoints)

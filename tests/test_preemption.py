@@ -76,11 +76,19 @@ def resumed_step(stderr: str) -> int:
     return int(found.group(1)) if found else 0
 
 
-def kill_at_step(cmd, step: int, sig, env=None) -> tuple[int, str]:
-    """Start CMD (run.py's arguments, or a whole command line: torchrun's), send SIG as soon as it reports STEP
-    done (so the next step is being computed)."""
-    proc = start(cmd, env) if cmd[0].startswith("--") else subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
-                                                                              env=env or clean_env())
+def killed_after_step(cmd, step: int, sig, env=None) -> tuple[int, str]:
+    """Run CMD (run.py's arguments) and have it signalled by the failpoint after STEP's update, before that
+    step's checkpoint: the signal lands at this very step, however loaded the machine, where a kill sent on
+    reading the step's line lands some steps later."""
+    name = "" if sig == signal.SIGKILL else f":{sig.name.removeprefix('SIG')}"
+    proc = run(cmd, {**(env or clean_env()), "MMKIT_FAILPOINT": f"step{step}:0{name}"})
+    return proc.returncode, proc.stderr
+
+
+def signal_torchrun_after_step(cmd, step: int, sig, env) -> tuple[int, str]:
+    """Start CMD (torchrun's command line) and send SIG to torchrun, which passes it on to its ranks, once a
+    rank has reported STEP done: the ranks stop after that step or a later one (the tests assert no more)."""
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
     lines = []
     for line in proc.stderr:
         lines.append(line)
@@ -92,14 +100,12 @@ def kill_at_step(cmd, step: int, sig, env=None) -> tuple[int, str]:
 
 
 def committed(checkpoints: Path) -> list[Path]:
-    """The checkpoints committed to the folder, oldest first. A kill seen in the job's output lands a few steps
-    later (the output is read every 20 ms, a tiny step takes less): it may find a save's .tmp in flight, or a
-    checkpoint committed and the older one not yet pruned."""
+    """The checkpoints committed to the folder, oldest first."""
     return sorted(checkpoints.glob("step_*.pth"))
 
 
 def newest_checkpoint(checkpoints: Path) -> int:
-    """The newest step committed to the folder (a kill may land after a rename and before its log line)."""
+    """The newest step committed to the folder."""
     return max([0] + [int(p.name[5:11]) for p in committed(checkpoints)])
 
 
@@ -112,9 +118,8 @@ def chaos(cmd, sig, checkpoints: Path) -> list[dict]:
             proc = run(cmd, {**clean_env(), "MMKIT_FAILPOINT": f"save:0{signame}"})
             code, err, where = proc.returncode, proc.stderr, "save"
         else:  # in compute: 1 .. EVERY + 1 steps past the newest checkpoint (the last, past the next one)
-            # a signal noted during a save is acted on after the next step: stop early enough for that
             target = min(STEPS - 3, done + distances.pop(0))
-            code, err = kill_at_step(cmd, target, sig)
+            code, err = killed_after_step(cmd, target, sig)
             where = f"compute, after step {target}"
         assert code != 0, f"kill {i} ({where}) came too late: the job finished\n{err[-1500:]}"
         if sig != signal.SIGKILL:  # a noted signal: checkpoint after the step, then exit 75
@@ -188,10 +193,10 @@ def test_keep_leaves_the_newest_checkpoints_and_keep_when_done_keeps_the_folder(
 
 
 def checkpoints_of(pipeline, tmp_path, config, stop: int) -> Path:
-    """A folder holding the periodic checkpoints of CONFIG's run up to step STOP (killed there)."""
+    """A folder holding the periodic checkpoints of CONFIG's run up to step STOP (killed after it, unsaved)."""
     checkpoints = tmp_path / f"ck-{config.stem}"
-    code, err = kill_at_step(train_cmd(config, pipeline, tmp_path / f"{config.stem}.pth", checkpoints), stop,
-                             signal.SIGKILL)
+    code, err = killed_after_step(train_cmd(config, pipeline, tmp_path / f"{config.stem}.pth", checkpoints), stop,
+                                  signal.SIGKILL)
     assert code == -signal.SIGKILL and checkpoints.is_dir(), err[-1500:]
     return checkpoints
 
@@ -224,7 +229,7 @@ def test_checkpoints_of_another_run_are_named_never_resumed_and_never_push_out_t
     assert len(foreign) >= 2 and newest_checkpoint(checkpoints) > 3 * EVERY
     out = tmp_path / "job.pth"
     cmd = train_cmd(chaos_config(pipeline, tmp_path), pipeline, out, checkpoints)
-    code, err = kill_at_step(cmd, 2 * EVERY + 1, signal.SIGKILL)
+    code, err = killed_after_step(cmd, 2 * EVERY + 1, signal.SIGKILL)
     assert code == -signal.SIGKILL, err[-1500:]
     warnings = [line for line in err.splitlines() if line.startswith("warning: skipping checkpoint")]
     assert len(warnings) == len(foreign) and all("lr " in w for w in warnings), warnings
@@ -299,8 +304,7 @@ def test_a_full_disk_under_the_checkpoint_folder_is_one_error_and_the_last_check
                                                                                             small_disk):
     """Catches: a failed checkpoint save that tracebacks, leaves a .tmp, or damages the previous checkpoint."""
     probe = tmp_path / "probe.pth"
-    # keep 2: the kill lands a few steps after the line it follows, and step EVERY's checkpoint must still be
-    # there to learn its size and bytes (the full disk allows one checkpoint, so keep plays no part below)
+    # the full disk below allows one checkpoint, so keep plays no part there
     config = chaos_config(pipeline, tmp_path)
     first = checkpoints_of(pipeline, tmp_path, config, EVERY + 1) / f"step_{EVERY:06d}.pth"
     size = first.stat().st_size
@@ -391,7 +395,7 @@ def test_a_signal_to_torchrun_checkpoints_every_ddp_rank_after_the_same_step_and
     config, ref = ddp_job
     out, checkpoints = tmp_path / "job.pth", tmp_path / "checkpoints"
     cmd = ddp_cmd(config, pipeline, out, checkpoints)
-    code, err = kill_at_step(cmd, 2 * EVERY + 1, sig, DDP_ENV)  # to torchrun's process, which passes it on
+    code, err = signal_torchrun_after_step(cmd, 2 * EVERY + 1, sig, DDP_ENV)  # to torchrun's process, which passes it on
     assert code == 75 and f"preempted: {sig.name} after step" in err, err[-2000:]
     stopped = newest_checkpoint(checkpoints)
     assert stopped >= 2 * EVERY + 1  # after the step whose line we saw (or the next), on both ranks alike
@@ -406,7 +410,7 @@ def test_a_checkpoint_one_rank_refuses_is_skipped_by_every_rank(pipeline, ddp_jo
     config, ref = ddp_job
     out, checkpoints = tmp_path / "job.pth", tmp_path / "checkpoints"
     cmd = ddp_cmd(config, pipeline, out, checkpoints)
-    code, err = kill_at_step(cmd, 2 * EVERY + 1, signal.SIGTERM, DDP_ENV)
+    code, err = signal_torchrun_after_step(cmd, 2 * EVERY + 1, signal.SIGTERM, DDP_ENV)
     assert code == 75, err[-2000:]
     older, newest = committed(checkpoints)[-2:]
     env = {**DDP_ENV, "MMKIT_FAILPOINT": f"verdict-{newest.name}:1:REFUSE"}  # rank 1 alone refuses the newest
@@ -436,15 +440,21 @@ def test_a_signal_before_the_first_step_still_ends_in_a_checkpoint_and_exit_75(p
     cmd = [sys.executable, str(SCRIPTS / "run.py"),
            *train_cmd(chaos_config(pipeline, tmp_path, every=0), pipeline, out, checkpoints)]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=clean_env())
-    # as soon as the process catches SIGUSR1, or 1 s after it started: either way it is still importing torch
-    # (2 s or more of CPU), long before its process group or first step
-    t0 = time.monotonic()
-    while not catches(proc.pid, signal.SIGUSR1) and time.monotonic() - t0 < 1.0:
-        time.sleep(0.01)
+    # as soon as the process catches SIGUSR1, or has begun to load torch without catching it (handlers
+    # installed late): either way it is still importing torch (2 s or more of CPU), long before its process
+    # group or first step. Events, not a clock: a loaded machine may take seconds to get there.
+    while not (catches(proc.pid, signal.SIGUSR1) or maps_torch(proc.pid)):
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        time.sleep(0.005)
     proc.send_signal(signal.SIGUSR1)
     err = proc.stderr.read()
     assert proc.wait() == 75 and "preempted: SIGUSR1 after step 1 " in err, err[-2000:]
     assert "step    2/" not in err and [p.name for p in committed(checkpoints)] == ["step_000001.pth"]
+
+
+def maps_torch(pid: int) -> bool:
+    """Whether process PID has begun to load torch's shared library."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
 
 
 def catches(pid: int, sig) -> bool:
