@@ -1,0 +1,74 @@
+"""A loop under Accelerate that checkpoints and resumes as the docs show: certify's example of an Accelerate
+run (python examples/accelerate_loop.py, or accelerate launch).
+
+https://huggingface.co/docs/accelerate/usage_guides/checkpoint: accelerator.save_state / load_state, and
+skip_first_batches for the batches of the resumed epoch already trained on; the folder step_{k} and the
+resume arithmetic as in https://github.com/huggingface/accelerate/blob/main/examples/by_feature/checkpointing.py.
+A tiny causal LM on random tokens, so that it runs in seconds on a CPU.
+"""
+
+import argparse
+import math
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+
+SAMPLES, SEQ_LEN, VOCAB = 64, 16, 97
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self, dropout: float):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, 32)
+        self.mix = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Dropout(dropout),
+                                       torch.nn.Linear(64, 32))
+        self.head = torch.nn.Linear(32, VOCAB)
+
+    def forward(self, tokens):
+        x = self.embed(tokens[:, :-1])
+        logits = self.head(x + self.mix(x))
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--output_dir", required=True)
+    p.add_argument("--resume_from_checkpoint", help="a step_{k} folder of save_state")
+    p.add_argument("--max_steps", type=int, default=12)
+    p.add_argument("--checkpointing_steps", type=int, default=4)
+    p.add_argument("--dropout", type=float, default=0.0)
+    args = p.parse_args()
+    accelerator = Accelerator(cpu=True)
+    set_seed(0)
+    model = TinyLM(args.dropout)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.max_steps)
+    tokens = torch.randint(0, VOCAB, (SAMPLES, SEQ_LEN), generator=torch.Generator().manual_seed(2))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tokens), batch_size=4, shuffle=True)
+    model, optimizer, loader, schedule = accelerator.prepare(model, optimizer, loader, schedule)
+
+    step, starting_epoch, resume_step = 0, 0, None
+    if args.resume_from_checkpoint:
+        accelerator.load_state(args.resume_from_checkpoint)
+        step = int(Path(args.resume_from_checkpoint).name.split("_")[1])
+        starting_epoch, resume_step = divmod(step, len(loader))
+    for epoch in range(starting_epoch, math.ceil(args.max_steps / len(loader))):
+        batches = accelerator.skip_first_batches(loader, resume_step) if epoch == starting_epoch and resume_step \
+            else loader
+        for (tokens,) in batches:
+            loss = model(tokens)
+            accelerator.backward(loss)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+            step += 1
+            if step % args.checkpointing_steps == 0:
+                accelerator.save_state(str(Path(args.output_dir) / f"step_{step}"))
+            if step == args.max_steps:
+                return
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""A transformers Trainer script that checkpoints and resumes as the docs show: certify's example of a
+Trainer run (python examples/trainer_script.py, or under torchrun / accelerate launch: DDP over gloo).
+
+https://huggingface.co/docs/transformers/en/trainer#checkpoints: save_strategy "steps", and
+trainer.train(resume_from_checkpoint=...) to continue; https://huggingface.co/docs/transformers/en/main_classes/trainer#randomness:
+seed and data_seed. A tiny Llama on random tokens, so that it runs in seconds on a CPU.
+"""
+
+import argparse
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+SAMPLES, SEQ_LEN, VOCAB = 64, 16, 97
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    def __init__(self):
+        self.tokens = torch.randint(0, VOCAB, (SAMPLES, SEQ_LEN), generator=torch.Generator().manual_seed(2))
+
+    def __len__(self):
+        return SAMPLES
+
+    def __getitem__(self, i):
+        return {"input_ids": self.tokens[i], "labels": self.tokens[i]}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--output_dir", required=True)
+    p.add_argument("--resume_from_checkpoint")
+    p.add_argument("--max_steps", type=int, default=12)
+    p.add_argument("--save_steps", type=int, default=4)
+    p.add_argument("--dropout", type=float, default=0.0)
+    args = p.parse_args()
+    training = TrainingArguments(
+        output_dir=args.output_dir, max_steps=args.max_steps, save_strategy="steps", save_steps=args.save_steps,
+        per_device_train_batch_size=4, learning_rate=3e-3, lr_scheduler_type="cosine", seed=0, data_seed=0,
+        use_cpu=True, report_to="none", logging_strategy="no", disable_tqdm=True,
+    )
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ_LEN,
+                         attention_dropout=args.dropout)
+    trainer = Trainer(model=LlamaForCausalLM(config), args=training, train_dataset=RandomTokens())
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+
+
+if __name__ == "__main__":
+    main()

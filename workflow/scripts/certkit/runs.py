@@ -1,0 +1,141 @@
+"""The command run three times, each in a session of its own, with the recorder loaded into every Python
+process: straight; stopped by a SIGKILL of its whole process group before the update of step K + 1 (+ lose);
+resumed, with the resume arguments added, from step K's checkpoint. Then the verdict.
+
+{run} in the command and the resume arguments is the run's own folder (the straight run's, or the one the
+stopped and the resumed run share), {step} is K.
+"""
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+from . import verdict
+
+SITE = Path(__file__).parent / "site"
+MARK = ".certify"  # a folder certify made: its own files in it may be replaced
+OWN = ("straight", "stopped", "resumed", "runs", "straight.log", "stopped.log", "resumed.log", "verdict.json",
+       "verdict.md", "parting.svg")
+
+
+class CannotJudge(Exception):
+    """Why certify could not judge, in one line; LOG: the log whose last lines say more."""
+
+    def __init__(self, why: str, log: Path | None = None):
+        super().__init__(why)
+        self.log = log
+
+
+def last_line(log: Path) -> str:
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1] if lines else "(no output)"
+
+
+def substitute(tokens: list, run: Path, step: int) -> list:
+    return [t.replace("{run}", str(run)).replace("{step}", str(step)) for t in tokens]
+
+
+def prepare(out: Path) -> None:
+    """OUT ready for a certificate: new, empty, or one certify made (its own entries go, nothing else does)."""
+    if out.exists() and any(out.iterdir()) and not (out / MARK).exists():
+        raise CannotJudge(f"{out} holds files certify did not write: give a new or empty folder")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARK).touch()
+    for name in OWN:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
+def execute(name: str, argv: list, env: dict, out: Path, timeout: float) -> int:
+    """ARGV to its end, in a session of its own, output to OUT/NAME.log; whatever of its process group is
+    left (DataLoader workers, ranks) is killed after it."""
+    log = out / f"{name}.log"
+    with open(log, "w") as f:
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+        except (FileNotFoundError, PermissionError) as e:
+            raise CannotJudge(f"command not found: {argv[0]} ({e.strerror})") from None
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise CannotJudge(f"the {name} run took longer than {timeout:g} s (--timeout)", log) from None
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
+def missing_checkpoint(resume: list, run: Path, step: int) -> str | None:
+    """The first path the resume arguments name through {step} that does not exist, if any."""
+    for token in resume:
+        if "{step}" in token:
+            path = substitute([token], run, step)[0].split("=", 1)[-1]
+            if os.sep in path and not Path(path).exists():
+                return path
+    return None
+
+
+def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 0, timeout: float = 3600) -> dict:
+    """The verdict on COMMAND's resume (verdict.judge's dict), with verdict.json, verdict.md and parting.svg
+    written to OUT. Raises CannotJudge."""
+    if stop_after < 1 or lose < 0:
+        raise CannotJudge(f"--stop-after must be at least 1 and --lose at least 0 (got {stop_after}, {lose})")
+    if not command:
+        raise CannotJudge("no command: certify [options] -- COMMAND ...")
+    if shutil.which(command[0]) is None:
+        raise CannotJudge(f"command not found: {command[0]}")
+    resume_args = shlex.split(resume)
+    out = out.resolve()
+    prepare(out)
+    base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SITE), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    kill_at = stop_after + 1 + lose
+
+    def run(name, argv, folder, **settings):
+        env = {**base, "CERTIFY_RECORD": str(out / name), **{k: str(v) for k, v in settings.items()}}
+        code = execute(name, substitute(argv, out / "runs" / folder, stop_after), env, out, timeout)
+        return code, *verdict.read(out / name)
+
+    code, straight, _ = run("straight", command, "straight")
+    if code != 0:
+        raise CannotJudge(f"the straight run failed (exit {code}): {last_line(out / 'straight.log')}",
+                          out / "straight.log")
+    if not straight:
+        raise CannotJudge("the command made no optimizer step: certify records torch.optim optimizers in Python "
+                          "processes started without -I or -E", out / "straight.log")
+    last = max(max(rows) for rows in straight.values())
+    if kill_at > last:
+        raise CannotJudge(f"--stop-after {stop_after}{f' --lose {lose}' if lose else ''}: the run makes {last} "
+                          f"optimizer steps, so the kill before step {kill_at} would never come")
+    code, stopped, killed = run("stopped", command, "resumed", CERTIFY_KILL_AT=kill_at)
+    if not killed:
+        raise CannotJudge(f"the stopped run was not killed before step {kill_at}: it ended with exit {code}",
+                          out / "stopped.log")
+    path = missing_checkpoint(resume_args, out / "runs" / "resumed", stop_after)
+    if path:
+        raise CannotJudge(f"no checkpoint {path}: the stopped run saved none at step {stop_after} "
+                          "(does the command save one there?)", out / "stopped.log")
+    code, resumed, _ = run("resumed", command + resume_args, "resumed", CERTIFY_STEP_OFFSET=stop_after)
+    if code != 0:
+        raise CannotJudge(f"resume failed: {last_line(out / 'resumed.log')}", out / "resumed.log")
+    if not resumed:
+        raise CannotJudge("resume failed: the resumed run made no optimizer step", out / "resumed.log")
+    found = verdict.judge(straight, stopped, resumed, killed, stop_after)
+    if not found["deterministic"]:
+        b = found["before_kill"]
+        raise CannotJudge(f"the command does not repeat itself: its straight and stopped runs differ at step "
+                          f"{b['step']}, rank {b['rank']} ({verdict.NAMES[b['piece']]}), before any stop")
+    found.update(command=command, resume=resume, lose=lose)
+    verdict.write_atomic(out / "verdict.json", json.dumps(found, indent=1) + "\n")
+    verdict.write_atomic(out / "verdict.md", verdict.markdown(found, shlex.join(command), resume, lose))
+    verdict.write_atomic(out / "parting.svg", verdict.svg(found, straight, resumed))
+    return found

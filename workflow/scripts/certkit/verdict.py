@@ -1,0 +1,154 @@
+"""Certificates compared: exact or not, and if not, the first step, rank and piece of state that differ.
+
+A certificate is a folder of rank<R>.jsonl files, a row per optimizer step (certkit.recorder). The pieces
+are compared in causal order, what a step reads before what it writes: the first one named is the cause,
+the later ones its consequences. At the first differing step, the rank named is the one whose first
+differing piece comes earliest (rank 1's RNG before rank 0's gradients, which the all-reduce carried over).
+"""
+
+import json
+import os
+from pathlib import Path
+
+from .recorder import PIECES
+
+NAMES = {"missing": "the step itself (one run lacks it)", "samples": "samples (what the model received)",
+         "rng_torch": "RNG (torch)", "rng_numpy": "RNG (numpy)", "rng_python": "RNG (Python)",
+         "rng_cuda": "RNG (CUDA)", "gradients": "gradients", "scale": "GradScaler scale", "lr": "LR",
+         "optimizer": "optimizer state", "params": "parameters"}
+ORDER = ("missing",) + PIECES
+
+
+def read(folder) -> tuple[dict, dict]:
+    """({rank: {step: row}}, {rank: the step it was killed at}) of a run's certificate folder."""
+    rows, killed = {}, {}
+    for path in sorted(Path(folder).glob("rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by the kill of another process of the group
+                continue
+            if "killed" in row:
+                killed[row["rank"]] = row["killed"]
+            else:
+                rows.setdefault(row["rank"], {})[row["step"]] = row
+    return rows, killed
+
+
+def steps_of(rows: dict) -> dict:
+    return {rank: (min(by_step), max(by_step)) for rank, by_step in sorted(rows.items())}
+
+
+def differing(a: dict | None, b: dict | None, ignore=()) -> list:
+    if a is None or b is None:
+        return ["missing"]
+    return [p for p in PIECES if a.get(p) != b.get(p) and p not in ignore]
+
+
+def first_difference(reference: dict, other: dict, steps, ignore=()) -> dict | None:
+    """{step, rank, piece, pieces: {rank: [pieces]}} of the first step in STEPS where OTHER differs from
+    REFERENCE on any rank (IGNORE: pieces not compared), or None."""
+    ranks = sorted(set(reference) | set(other))
+    for step in steps:
+        found = {r: differing(reference.get(r, {}).get(step), other.get(r, {}).get(step), ignore) for r in ranks}
+        found = {r: pieces for r, pieces in found.items() if pieces}
+        if found:
+            rank = min(found, key=lambda r: (ORDER.index(found[r][0]), r))
+            return {"step": step, "rank": rank, "piece": found[rank][0], "pieces": found}
+    return None
+
+
+def judge(straight: dict, stopped: dict, resumed: dict, killed: dict, stop_after: int) -> dict:
+    """The verdict on three runs' certificates: straight, stopped (killed before step KILLED's update) and
+    resumed (from step STOP_AFTER's checkpoint)."""
+    last = max(max(rows) for rows in straight.values())
+    killed_at = min(killed.values())
+    # a global RNG the command never seeds starts from the OS's entropy in every process: it differs between
+    # two fresh runs from their first step. Left uncompared: if the command draws from it, what it drew
+    # differs too (samples, gradients) and the runs are found not to repeat themselves.
+    unseeded = sorted({p for p in PIECES if p.startswith("rng_") for r in straight
+                       if 1 in stopped.get(r, {}) and straight[r][1].get(p) != stopped[r][1].get(p)})
+    before_kill = first_difference(straight, stopped, range(1, killed_at), unseeded)
+    first = first_difference(straight, resumed, range(stop_after + 1, last + 1), unseeded)
+    extra = sorted({s for rows in resumed.values() for s in rows if s > last})
+    if first is None and extra:
+        first = {"step": extra[0], "rank": min(resumed), "piece": "missing", "pieces": {}}
+    return {"exact": first is None, "deterministic": before_kill is None, "before_kill": before_kill,
+            "first": first, "steps": {"straight": steps_of(straight), "stopped": steps_of(stopped),
+                                      "resumed": steps_of(resumed)},
+            "killed_at": killed, "stop_after": stop_after, "last_step": last, "not_compared": unseeded}
+
+
+# --- what is written ----------------------------------------------------------------------------------
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def headline(v: dict) -> str:
+    if v["exact"]:
+        return (f"**exact**: the resumed run matches the straight run at every optimizer step "
+                f"{v['stop_after'] + 1}..{v['last_step']}, on every rank, in every piece recorded")
+    f = v["first"]
+    return f"**not exact**: first difference at step {f['step']}, rank {f['rank']}: {NAMES[f['piece']]}"
+
+
+def markdown(v: dict, command: str, resume: str, lose: int) -> str:
+    lines = [f"# Certificate of `{command}`", "", headline(v), ""]
+    if not v["exact"]:
+        f = v["first"]
+        lines += [f"At step {f['step']}, differing pieces (causal order: samples, RNG, gradients, LR, optimizer "
+                  "state, parameters):", ""]
+        lines += [f"- rank {r}: " + ", ".join(NAMES[p] for p in pieces) for r, pieces in sorted(f["pieces"].items())]
+        lines.append("")
+    killed = ", ".join(f"rank {r} at step {s}" for r, s in sorted(v["killed_at"].items()))
+    lines += ["| run | optimizer steps, per rank |", "|---|---|"]
+    for run in ("straight", "stopped", "resumed"):
+        lines.append(f"| {run} | " + "; ".join(f"rank {r}: {a}..{b}" for r, (a, b) in v["steps"][run].items()) + " |")
+    lines += ["", f"Stopped by SIGKILL before the update of step {v['stop_after'] + 1 + lose} "
+              f"(`--stop-after {v['stop_after']}`{f' `--lose {lose}`' if lose else ''}; recorded: {killed}); "
+              f"resumed with `{resume}` from step {v['stop_after']}'s checkpoint.", "",
+              "![where the runs part](parting.svg)", ""]
+    if v["not_compared"]:
+        lines += ["Not compared: " + ", ".join(NAMES[p] for p in v["not_compared"]) + ", never seeded (it differs "
+                  "between two fresh runs from their first step); what the command drew from it would show as "
+                  "samples or gradients.", ""]
+    return "\n".join(lines)
+
+
+def svg(v: dict, straight: dict, resumed: dict) -> str:
+    """Step x piece, one panel per rank: grey before the cut, green where the resumed run matches the straight
+    run, red where it differs, white where one run lacks the step."""
+    pieces = [p for p in PIECES if any(p in row for rows in straight.values() for row in rows.values())]
+    last, cell, left, top = v["last_step"], 14, 120, 24
+    ranks = sorted(set(straight) | set(resumed))
+    panel_h = top + cell * len(pieces) + 12
+    width, height = left + cell * last + 10, panel_h * len(ranks)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+           'font-size="11">']
+    for i, rank in enumerate(ranks):
+        y0 = i * panel_h
+        out.append(f'<text x="4" y="{y0 + 14}">rank {rank}: optimizer step 1..{last}</text>')
+        for j, piece in enumerate(pieces):
+            y = y0 + top + j * cell
+            out.append(f'<text x="4" y="{y + 11}">{NAMES[piece].removesuffix(" (what the model received)")}</text>')
+            for step in range(1, last + 1):
+                a, b = straight.get(rank, {}).get(step), resumed.get(rank, {}).get(step)
+                if step <= v["stop_after"]:
+                    colour = "#d0d0d0"
+                elif a is None or b is None:
+                    colour = "#ffffff"
+                else:
+                    colour = "#4caf50" if a.get(piece) == b.get(piece) else "#e53935"
+                out.append(f'<rect x="{left + (step - 1) * cell}" y="{y}" width="{cell - 1}" height="{cell - 1}" '
+                           f'fill="{colour}" stroke="#999" stroke-width="0.3"/>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
