@@ -34,6 +34,7 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/dist.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/audit.smk"  # other trainers' resume: snakemake --cores 2 audit
+include: "workflow/rules/certify.smk"  # any training command killed and resumed: snakemake --cores 2 certify
 include: "workflow/rules/crash.smk"  # what a power loss leaves of a save: snakemake --cores 2 crash
 include: "workflow/rules/settings.smk"  # after dist.smk, whose rank layouts add to READS
 include: "workflow/rules/bench.smk"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from common import DIMS_SOURCES, ROOT, TARGET_DIMS, machine_info
 
-SECTIONS = ("matmul", "step", "options", "io", "cost", "dag", "memory", "profile")
+SECTIONS = ("matmul", "step", "options", "io", "cost", "dag", "memory", "profile", "certify")
 
 
 def parse_args():
@@ -71,6 +71,7 @@ def parse_args():
 
 def measure(args) -> list:
     """Every section not skipped, in an order where each can use what the earlier ones measured."""
+    from certify_overhead import bench_certify_overhead
     from ckpt_cost import bench_checkpoint_cost
     from ckpt_io import bench_checkpoint_io
     from dag import dag_overhead
@@ -107,6 +108,8 @@ def measure(args) -> list:
             shutil.rmtree(work, ignore_errors=True)
     if "dag" not in args.skip:
         rows += [dag_overhead(dims, cores) for dims, cores in args.dag]
+    if "certify" not in args.skip:
+        rows += bench_certify_overhead(args.reps, args.warmup)
     return rows
 
 

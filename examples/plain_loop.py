@@ -70,6 +70,8 @@ def main():
         model.load_state_dict(state["model"])
         schedule.load_state_dict(state["schedule"])
         step = state["step"]
+        if args.forget == "optimizer":  # AdamW's moments and counts gone, its hyperparameters and LR kept
+            state["optimizer"]["state"] = {}
         optimizer.load_state_dict(state["optimizer"])
         if args.forget != "generator":
             shuffle.set_state(state["shuffle_at_epoch_start"])
@@ -89,7 +91,7 @@ def main():
             schedule.step()
             step += 1
             if step % args.save_every == 0:
-                save(out / f"step_{step}.pt", rank, step, model, optimizer, schedule, at_epoch_start, args.forget)
+                save(out / f"step_{step}.pt", rank, step, model, optimizer, schedule, at_epoch_start)
             if step == args.steps:
                 break
         epoch, skip = epoch + 1, 0
@@ -99,13 +101,11 @@ def main():
         dist.destroy_process_group()
 
 
-def save(path: Path, rank, step, model, optimizer, schedule, at_epoch_start, forget) -> None:
+def save(path: Path, rank, step, model, optimizer, schedule, at_epoch_start) -> None:
     if rank == 0:
         state = {"model": model.state_dict(), "schedule": schedule.state_dict(), "step": step,
                  "shuffle_at_epoch_start": at_epoch_start}
         state["optimizer"] = optimizer.state_dict()
-        if forget == "optimizer":  # AdamW's moments and counts gone, its hyperparameters and LR kept
-            state["optimizer"]["state"] = {}
         torch.save(state, path)
     torch.save(torch.get_rng_state(), f"{path}.rank{rank}")
     if dist.is_initialized():

@@ -133,7 +133,7 @@ def compare_builds(ours: Path, theirs: Path, not_compared=()) -> tuple[list, lis
 def copy_workflow(dest: Path) -> Path:
     """The files a fresh clone has, without results or snakemake state (over whatever DEST holds)."""
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("Snakefile", "config.yaml", "environment.yml", "presets"):
+    for name in ("Snakefile", "config.yaml", "environment.yml", "presets", "examples"):
         src = REPO / name
         if src.is_dir():
             shutil.copytree(src, dest / name, dirs_exist_ok=True)

@@ -39,6 +39,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 M = "workflow/scripts/mmkit/"
+C = "workflow/scripts/certkit/"
 T = "tests/"
 
 
@@ -254,6 +255,16 @@ BREAKAGES = [
              "/ {g(row['max_abs_loss_gap'])} | {rows['straight']['val_loss']:.4f} |",
              (T + "test_pipeline.py::test_every_number_in_the_summary_is_recomputed_from_the_artifacts",),
              ("results/summary.md",)),
+    # certify (workflow/scripts/certkit)
+    Breakage("certify: the rank named by its number, not by its earliest piece", C + "verdict.py",
+             "first_difference", "rank = min(found, key=lambda r: (ORDER.index(found[r][0]), r))", "rank = min(found)",
+             (T + "test_certify.py::test_ddp_under_torchrun_that_forgets_rank_1s_rng_is_named_rank_1_rng",)),
+    Breakage("certify: an RNG nobody seeds compared as if seeded", C + "verdict.py", "judge",
+             'if 1 in stopped.get(r, {}) and straight[r][1].get(p) != stopped[r][1].get(p)})',
+             'if False})', (T + "test_certify.py::test_an_emptied_optimizer_state_is_named_optimizer_state",)),
+    Breakage("certify: a digest that sums words, blind to their order", C + "digest.py", "words_digest",
+             "int(np.dot(chunk, _KEYS[:chunk.size]))", "int(chunk.sum())",
+             (T + "test_certify.py::test_a_digest_sees_one_changed_byte_two_swapped_words_and_nothing_else",)),
     Breakage("export: wrong RMSNorm eps", M + "export.py", "hf_config", '"rms_norm_eps": cfg.rms_norm_eps,',
              '"rms_norm_eps": 1e-6,', (T + "test_inference_export.py",)),
     Breakage("export: untied head let through", M + "export.py", "inference_tensors",

@@ -3,6 +3,7 @@
 # whose scripts import it, and what follows.
 
 import ast
+import shlex
 from functools import cache
 
 
@@ -97,3 +98,20 @@ def adapter(w):
 
 def adapter_code(w):
     return code_inputs(adapter(w))
+
+
+# certify's entries (workflow/rules/certify.smk): a command of the config, and the files it names
+def certify_command(name):
+    return config["certify"][name]["command"].replace("{outdir}", OUT)
+
+
+def certify_files(w):
+    """The files an entry's command names: the repository's (examples, scripts, presets, and the modules a
+    script imports) and OUTDIR's (built by their rules), so that a changed example reruns its entry."""
+    named = (t.split("=", 1)[-1] for t in shlex.split(certify_command(w.name)))
+    files = [
+        t
+        for t in named
+        if "{" not in t and (t.startswith(f"{OUT}/") or Path(t).is_file())
+    ]
+    return files + [m for f in files if f.endswith(".py") for m in code_inputs(f)]

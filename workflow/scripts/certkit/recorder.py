@@ -45,24 +45,32 @@ class Recorder:
         self.inputs, self.row, self.file = [], None, None
         self.local = threading.local()  # forward nesting depth, per thread
         self.trainable = weakref.WeakKeyDictionary()
-        self.scalers = weakref.WeakSet()
+        self.scalers, self.handles = (), []
 
     def install(self) -> None:
         import torch
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        register_module_forward_pre_hook(self._enter)
-        register_module_forward_hook(self._leave, with_kwargs=True, always_call=True)
-        register_optimizer_step_pre_hook(self._before_step)
-        register_optimizer_step_post_hook(self._after_step)
-        scaler_init = torch.amp.GradScaler.__init__
+        self.handles = [register_module_forward_pre_hook(self._enter),
+                        register_module_forward_hook(self._leave, with_kwargs=True, always_call=True),
+                        register_optimizer_step_pre_hook(self._before_step),
+                        register_optimizer_step_post_hook(self._after_step)]
+        if not hasattr(torch.amp.GradScaler, "_certify_scalers"):
+            scaler_init = torch.amp.GradScaler.__init__
 
-        def init(scaler, *args, **kwargs):  # only to know which scalers exist
-            scaler_init(scaler, *args, **kwargs)
-            self.scalers.add(scaler)
+            def init(scaler, *args, **kwargs):  # only to know which scalers exist
+                scaler_init(scaler, *args, **kwargs)
+                torch.amp.GradScaler._certify_scalers.add(scaler)
 
-        torch.amp.GradScaler.__init__ = init
+            torch.amp.GradScaler._certify_scalers = weakref.WeakSet()
+            torch.amp.GradScaler.__init__ = init
+        self.scalers = torch.amp.GradScaler._certify_scalers
+
+    def remove(self) -> None:
+        """The hooks taken out again (the bench times steps with and without them in one process)."""
+        for handle in self.handles:
+            handle.remove()
 
     # --- the model's inputs ----------------------------------------------------------------------
 

@@ -1,0 +1,168 @@
+"""certify on unmodified command lines: this project's run.py, a plain loop (one process and torchrun), a
+Trainer script under torchrun, a Lightning script; the verdict each gets, the kill, and every bad input.
+
+Every run is certify's own command line in a real process, and certify's runs are real processes it starts.
+Where the verdict says exact, the final weights of the straight and the resumed run (two processes) are
+compared tensor by tensor as well; where a bug was planted, the piece it must be named by follows from the
+bug (a forgotten generator changes the next batch; rank 1's forgotten RNG changes its dropout draws).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+from conftest import REPO, SCRIPTS, assert_same_state_dict, clean_env, same_state_dict
+
+CERTIFY = [sys.executable, str(SCRIPTS / "certify.py")]
+PLAIN = [sys.executable, str(REPO / "examples" / "plain_loop.py"), "--out", "{run}"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+ENV = {**clean_env(), "OMP_NUM_THREADS": "1"}
+
+
+def certify(out, stop_after, command, resume="", *options):
+    proc = subprocess.run([*CERTIFY, "--out", str(out), "--stop-after", str(stop_after), "--resume", resume,
+                           *options, "--", *map(str, command)], capture_output=True, text=True, env=ENV,
+                          timeout=600)
+    verdict = json.loads((out / "verdict.json").read_text()) if (out / "verdict.json").exists() else None
+    return proc, verdict
+
+
+def final_checkpoint(out, name):
+    return {run: torch.load(out / "runs" / run / name, weights_only=True) for run in ("straight", "resumed")}
+
+
+def test_a_digest_sees_one_changed_byte_two_swapped_words_and_nothing_else():
+    """Catches: a digest blind to a change (a sum of words sees no swap; a hash of the first bytes misses the
+    last chunk), or one that draws from an RNG or depends on the object rather than its bytes."""
+    from certkit import digest
+
+    t = torch.arange(3 * digest.CHUNK_WORDS, dtype=torch.float64)  # three chunks
+    before = torch.get_rng_state()
+    reference = digest.of_tensors([t])
+    assert digest.of_tensors([t.clone()]) == reference and torch.equal(torch.get_rng_state(), before)
+    flipped = t.clone()
+    flipped.view(torch.uint8)[-1] ^= 1  # the last byte of the last chunk
+    swapped = t.clone()
+    swapped[[5, 6]] = swapped[[6, 5]]
+    across = t.clone()
+    across[[5, digest.CHUNK_WORDS + 5]] = across[[digest.CHUNK_WORDS + 5, 5]]  # same place in two chunks
+    found = {digest.of_tensors([x]) for x in (flipped, swapped, across, t.view(3, -1), t.float())}
+    assert len(found) == 5 and reference not in found
+
+
+def test_this_projects_run_py_is_certified_exact_and_its_weights_agree(pipeline, tmp_path):
+    """Catches: a recorder that changes what the process computes or a verdict of exact that the weights
+    refute; run.py's auto-resume continuing from anything but its own step-K checkpoint."""
+    cfg = yaml.safe_load((pipeline / "settings" / "straight.yaml").read_text())
+    cfg["checkpoint"] = {**cfg["checkpoint"], "every": 4, "keep": 100}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    command = [sys.executable, SCRIPTS / "run.py", "--config", tmp_path / "c.yaml", "--tokens",
+               pipeline / "data" / "train.npy", "--out", "{run}/weights.pth", "--checkpoint-dir", "{run}/ck"]
+    proc, verdict = certify(tmp_path / "own", 4, command)
+    assert proc.returncode == 0 and verdict["exact"], proc.stderr[-2000:]
+    weights = final_checkpoint(tmp_path / "own", "weights.pth")
+    assert_same_state_dict(weights["straight"], weights["resumed"])
+    assert verdict["steps"]["resumed"] == {"0": [5, cfg["steps"]]} and verdict["killed_at"] == {"0": 5}
+    resumed_log = (tmp_path / "own" / "resumed.log").read_text()
+    assert "continuing from checkpoint" in resumed_log and "step_000004.pth" in resumed_log
+
+
+def test_the_recorder_changes_no_bit_of_what_a_process_computes(tmp_path):
+    """Catches: a hook that draws from an RNG, moves a tensor or reorders the data (a certificate of a run
+    other than the user's)."""
+    runs = {}
+    for name, env in (("plain", clean_env()),
+                      ("recorded", {**clean_env(), "PYTHONPATH": str(SCRIPTS / "certkit" / "site"),
+                                    "CERTIFY_RECORD": str(tmp_path / "certificate")})):
+        subprocess.run([*PLAIN[:2], "--out", tmp_path / name, "--steps", "6", "--dropout", "0.1"], env=env,
+                       check=True, capture_output=True)
+        runs[name] = torch.load(tmp_path / name / "step_6.pt", weights_only=True)
+    assert_same_state_dict(runs["plain"]["model"], runs["recorded"]["model"])
+    rows = (tmp_path / "certificate" / "rank0.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_plain_loop_that_forgets_its_generator_is_named_samples_at_the_first_resumed_step(tmp_path):
+    """Catches: a piece named out of causal order, a first step counted from the kill rather than from the
+    checkpoint (--lose 2: the steps lost between them are trained again), a verdict of exact on a forgotten
+    shuffle order (the cut is in the second epoch: a fresh generator draws the first epoch's order again)."""
+    proc, verdict = certify(tmp_path / "forgets", 10, PLAIN, "--resume {run}/step_{step}.pt --forget generator",
+                            "--lose", "2")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert (verdict["first"]["step"], verdict["first"]["rank"], verdict["first"]["piece"]) == (11, 0, "samples")
+    assert verdict["killed_at"] == {"0": 13} and verdict["steps"]["stopped"] == {"0": [1, 12]}
+    weights = final_checkpoint(tmp_path / "forgets", "step_16.pt")
+    assert not same_state_dict(weights["straight"]["model"], weights["resumed"]["model"])
+    # the same loop, resuming what it saved: exact, and so are its weights
+    proc, verdict = certify(tmp_path / "keeps", 10, PLAIN, "--resume {run}/step_{step}.pt")
+    assert proc.returncode == 0 and verdict["exact"], proc.stderr[-2000:]
+    weights = final_checkpoint(tmp_path / "keeps", "step_16.pt")
+    assert_same_state_dict(weights["straight"]["model"], weights["resumed"]["model"])
+
+
+def test_an_emptied_optimizer_state_is_named_optimizer_state(tmp_path):
+    """Catches: AdamW's moments not recorded, or recorded after the parameters (named as weights)."""
+    proc, verdict = certify(tmp_path, 5, PLAIN, "--resume {run}/step_{step}.pt --forget optimizer")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert (verdict["first"]["step"], verdict["first"]["piece"]) == (6, "optimizer")
+    assert verdict["first"]["pieces"] == {"0": ["optimizer", "params"]}
+
+
+def test_ddp_under_torchrun_that_forgets_rank_1s_rng_is_named_rank_1_rng(tmp_path):
+    """Catches: one rank's certificate only, a rank named by its number rather than by the earliest piece
+    (rank 0 differs at the same step, in the gradients the all-reduce carried over), a kill that leaves a
+    rank or torchrun running."""
+    command = [*TORCHRUN, REPO / "examples" / "plain_loop.py", "--dropout", "0.1", "--out", "{run}", "--steps", "6"]
+    proc, verdict = certify(tmp_path, 4, command, "--resume {run}/step_{step}.pt --forget rng-rank1")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    first = verdict["first"]
+    assert (first["step"], first["rank"], first["piece"]) == (5, 1, "rng_torch")
+    assert first["pieces"]["0"][0] == "gradients"
+    assert set(verdict["steps"]["straight"]) == {"0", "1"}
+    assert "plain_loop.py" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+def test_a_trainer_script_under_torchrun_and_a_lightning_script_get_verdicts(tmp_path):
+    """Catches: a recorder that misses the ranks a launcher starts, or a framework's optimizer wrapper (two
+    rows per step, or none); each framework's resume is judged the way the audit found it."""
+    trainer = [*TORCHRUN, REPO / "examples" / "trainer_script.py", "--output_dir", "{run}", "--max_steps", "6",
+               "--save_steps", "3"]
+    proc, verdict = certify(tmp_path / "trainer", 3, trainer, "--resume_from_checkpoint {run}/checkpoint-{step}")
+    assert proc.returncode == 0 and verdict["exact"], proc.stderr[-2000:]
+    assert verdict["steps"]["straight"] == {"0": [1, 6], "1": [1, 6]}
+    lightning = [sys.executable, REPO / "examples" / "lightning_script.py", "--out", "{run}", "--max_steps", "6",
+                 "--every", "3"]
+    proc, verdict = certify(tmp_path / "lightning", 3, lightning, "--ckpt_path {run}/step={step}.ckpt")
+    # Lightning restores no position inside an epoch of a plain DataLoader: the next batch is another
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert (verdict["first"]["step"], verdict["first"]["piece"]) == (4, "samples")
+
+
+NO_STEP = [sys.executable, "-c", "import torch; print(torch.ones(2).sum())"]
+
+
+@pytest.mark.parametrize("case", ["no optimizer step", "stop after the last step", "resume fails",
+                                  "command not found", "no checkpoint at step"])
+def test_bad_input_is_one_line_and_exit_2_and_leaves_no_process(tmp_path, case):
+    """Catches: a traceback, a verdict written where none could be judged, a process left running."""
+    marker = f"--steps=7  # {tmp_path.name}"  # a word of the command line, to find its processes by
+    command, stop, resume, says = {
+        "no optimizer step": (NO_STEP, 2, "", "the command made no optimizer step"),
+        "stop after the last step": ([*PLAIN, "--steps", "7"], 7, "--resume {run}/step_{step}.pt", "makes 7 optimizer steps"),
+        "resume fails": ([*PLAIN, "--steps", "7"], 3, "--resume {run}/step_{step}.pt --forget everything",
+                         "resume failed: plain_loop.py: error: argument --forget"),
+        "command not found": (["no-such-trainer", "--out", "{run}"], 3, "", "command not found: no-such-trainer"),
+        "no checkpoint at step": ([*PLAIN, "--steps", "7", "--save-every", "2"], 3, "--resume {run}/step_{step}.pt",
+                                  "no checkpoint"),
+    }[case]
+    proc, verdict = certify(tmp_path / "out", stop, command, resume)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and lines and lines[0].startswith("certify: ") and says in lines[0], proc.stderr
+    assert "Traceback" not in lines[0] and verdict is None
+    assert not (tmp_path / "out" / "verdict.md").exists()
+    processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(tmp_path / "out") not in processes and marker not in processes
