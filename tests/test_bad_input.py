@@ -317,3 +317,59 @@ def test_stop_at_at_the_edges_of_the_run(stop_at, accepted):
     else:
         with pytest.raises(UserError, match="'stop_at'"):
             check_config(cfg)
+
+
+# --- malformed settings: one line, exit 2, before anything is written ------------------------------------
+
+MALFORMED = [float("nan"), float("inf"), float("-inf"), -1, 0, 2**64, 10**30, "2", "", None, True, [], {},
+             "auto", 0.5, -0.5, 1e308]
+
+
+def leaves(cfg, prefix=()):
+    for k, v in cfg.items():
+        yield from leaves(v, prefix + (k,)) if isinstance(v, dict) and v else [prefix + (k,)]
+
+
+def test_any_malformed_setting_is_one_line_and_exit_2_and_nothing_is_written(tmp_path_factory):
+    """Catches: a value that passes the checks and fails later with a traceback (lr .nan, a seed torch cannot
+    take), a key written twice taken silently, a refusal of several lines; property-based, 500 examples."""
+    import contextlib
+    import io
+
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    from mmkit.config import load_config, run_config
+    from mmkit.errors import run_cli
+
+    base = tiny_config()
+    keys = list(leaves(base))
+
+    folder = tmp_path_factory.mktemp("malformed")
+
+    @settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(st.lists(st.tuples(st.sampled_from(keys), st.sampled_from(MALFORMED)), min_size=1, max_size=3),
+           st.booleans())
+    def check(edits, twice):
+        cfg, final = yaml.safe_load(yaml.safe_dump(base)), {}
+        for key, value in edits:
+            node = cfg
+            for k in key[:-1]:
+                node = node[k]
+            node[key[-1]] = final[key] = value
+        text = yaml.safe_dump(cfg, sort_keys=False)
+        if twice:  # a top-level key written again at the end, as a hand-edited file may have it
+            text += f"steps: {cfg['steps']}\n"
+        (folder / "c.yaml").write_text(text)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as ended:
+            run_cli(lambda: (run_config(load_config(folder / "c.yaml")), sys.exit(0)))
+        lines = err.getvalue().strip().splitlines()
+        assert [p.name for p in folder.iterdir()] == ["c.yaml"]
+        # a key written twice, or a number that is no number, is always refused; other edits may be valid values
+        if ended.value.code == 0 and not twice and all(v == v and v not in (float("inf"), float("-inf"))
+                                                       for v in final.values() if isinstance(v, float)):
+            return
+        assert ended.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: config "), lines
+        assert "Traceback" not in err.getvalue()
+
+    check()

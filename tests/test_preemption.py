@@ -168,7 +168,7 @@ def test_sigusr1_then_a_second_signal_during_the_save_checkpoints_once_and_whole
             proc.send_signal(signal.SIGTERM)
             proc.send_signal(signal.SIGUSR1)
     assert proc.wait() == 75, "".join(lines)
-    saved = sorted(p.name for p in checkpoints.iterdir())
+    saved = sorted(p.name for p in checkpoints.glob("step_*"))
     assert len(saved) == 1 and saved[0].endswith(".pth"), saved
     state = torch.load(checkpoints / saved[0], weights_only=True)
     # the step whose line we saw, or the next: the signal may land before that step's check
@@ -187,7 +187,7 @@ def test_keep_leaves_the_newest_checkpoints_and_keep_when_done_keeps_the_folder(
     assert proc.returncode == 0, proc.stderr[-1500:]
     last = (STEPS - 1) // EVERY * EVERY  # none after the last step: the weights file is written instead
     expected = [f"step_{s:06d}.pth" for s in (last - 2 * EVERY, last - EVERY, last)]
-    assert sorted(p.name for p in checkpoints.iterdir()) == expected
+    assert sorted(p.name for p in checkpoints.glob("step_*")) == expected
     assert [torch.load(checkpoints / n, weights_only=True)["step"] for n in expected] == \
         [last - 2 * EVERY, last - EVERY, last]
 
@@ -287,6 +287,54 @@ def test_a_no_optim_job_killed_after_its_own_checkpoints_continues_from_them(pip
     assert (tmp_path / "n.csv").read_bytes() == (pipeline / "noopt_log.csv").read_bytes()
 
 
+def test_a_job_removes_only_its_own_checkpoints_and_never_follows_a_symlink(pipeline, uninterrupted, tmp_path):
+    """Catches: a finished job that deletes the whole folder it was given (the user's files in it), one that
+    fails on a symlinked folder (rmtree refuses it) or follows a symlinked entry into another folder."""
+    config = chaos_config(pipeline, tmp_path, keep=2)
+    mine = tmp_path / "mine"  # a folder the user already had, holding the job's own output and notes
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    proc = run(train_cmd(config, pipeline, mine / "job.pth", mine))
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert sorted(p.name for p in mine.iterdir()) == ["job.csv", "job.pth", "notes.txt"]
+    assert_same_as_uninterrupted(mine / "job.pth", uninterrupted)
+    # a symlinked folder, with a symlinked checkpoint of another run's inside: used, unlinked, never followed
+    real, other = tmp_path / "real", tmp_path / "other"
+    real.mkdir()
+    other.mkdir()
+    (other / "step_000050.pth").write_bytes(b"another folder's file")
+    (real / f"step_{STEPS - 3:06d}.pth").symlink_to(other / "step_000050.pth")
+    (tmp_path / "link").symlink_to(real)
+    proc = run(train_cmd(config, pipeline, tmp_path / "o.pth", tmp_path / "link"))
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert "warning: skipping checkpoint" in proc.stderr
+    assert (tmp_path / "link").is_symlink() and list(real.iterdir()) == []
+    assert (other / "step_000050.pth").read_bytes() == b"another folder's file"
+    assert_same_as_uninterrupted(tmp_path / "o.pth", uninterrupted)
+
+
+def test_a_checkpoint_dir_that_is_a_file_or_holds_a_stale_tmp_it_cannot_remove_is_one_line(pipeline, tmp_path,
+                                                                                            small_disk):
+    """Catches: a traceback (FileExistsError after training, PermissionError from the cleanup) instead of one
+    line naming the folder, and training that runs before the folder is found unusable."""
+    config = chaos_config(pipeline, tmp_path)
+    (tmp_path / "a-file").write_text("not a folder")
+    folder = small_disk / "checkpoints"
+    folder.mkdir()
+    (folder / "step_000003.pth.tmp").write_bytes(b"a save that never finished")
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    try:
+        for where, says in ((tmp_path / "a-file", "is a file, not a folder"),
+                            (folder, "left by a save that never finished")):
+            proc = run(train_cmd(config, pipeline, tmp_path / "o.pth", where))
+            lines = proc.stderr.strip().splitlines()
+            assert proc.returncode == 2 and says in lines[-1] and "Traceback" not in proc.stderr, proc.stderr[-1500:]
+            assert not any(line.startswith("step ") for line in lines)
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(small_disk)], check=True)
+    assert (tmp_path / "a-file").read_text() == "not a folder" and not (tmp_path / "o.pth").exists()
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 3 MB filesystem of its own (tmpfs; needs root, as CI has)."""
@@ -316,7 +364,7 @@ def test_a_full_disk_under_the_checkpoint_folder_is_one_error_and_the_last_check
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "No space left on device" in errors[0], proc.stderr[-1500:]
     assert "Traceback" not in proc.stderr
-    assert [p.name for p in checkpoints.iterdir()] == [f"step_{EVERY:06d}.pth"]  # no .tmp, the good one kept
+    assert [p.name for p in checkpoints.glob("step_*")] == [f"step_{EVERY:06d}.pth"]  # no .tmp, the good one kept
     assert_same_state_dict(torch.load(checkpoints / f"step_{EVERY:06d}.pth", weights_only=True),
                            torch.load(probe, weights_only=True))
     assert not (tmp_path / "o.pth").exists()
@@ -402,6 +450,18 @@ def test_a_signal_to_torchrun_checkpoints_every_ddp_rank_after_the_same_step_and
     proc = subprocess.run(cmd, capture_output=True, text=True, env=DDP_ENV)
     assert proc.returncode == 0 and resumed_step(proc.stderr) == stopped, proc.stderr[-2000:]
     assert_same_as_uninterrupted(out, ref)
+
+
+def test_torchrun_exits_75_only_when_every_rank_was_preempted(pipeline, ddp_job, tmp_path):
+    """Catches: a job reported preempted (75: retried, forever) although a rank died in its checkpoint."""
+    cfg = yaml.safe_load(ddp_job[0].read_text())
+    cfg["checkpoint"] = {**cfg["checkpoint"], "every": 0}  # the preemption's save is the first save
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    cmd = ddp_cmd(tmp_path / "c.yaml", pipeline, tmp_path / "job.pth", tmp_path / "checkpoints")
+    code, err = signal_torchrun_after_step(cmd, EVERY, signal.SIGTERM, {**DDP_ENV, "MMKIT_FAILPOINT": "save:0"})
+    assert code not in (0, 75) and "torchrun: SIGTERM passed on to the ranks; rank 0 was not preempted" in err, \
+        err[-2000:]
+    assert not committed(tmp_path / "checkpoints")
 
 
 def test_a_checkpoint_one_rank_refuses_is_skipped_by_every_rank(pipeline, ddp_job, tmp_path):

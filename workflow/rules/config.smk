@@ -10,11 +10,14 @@ from snakemake.exceptions import WorkflowError
 SCRIPTS = Path(os.path.relpath(Path(workflow.basedir) / "workflow" / "scripts"))
 sys.path.insert(0, str(SCRIPTS))
 import yaml
-from mmkit.config import check_config, leaf_keys, select
+from mmkit.config import check_config, leaf_keys, read_yaml, select
 from mmkit.errors import UserError
 
-# against workflow/schemas/config.schema.yaml and the rules a schema cannot say; one line naming the key
+# against workflow/schemas/config.schema.yaml and the rules a schema cannot say; one line naming the key.
+# Each config file read again on its own first: Snakemake's YAML takes a key written twice silently.
 try:
+    for path in workflow.configfiles:
+        read_yaml(path)
     check_config(config)
 except UserError as e:
     raise WorkflowError(str(e)) from None

@@ -18,6 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import UserError
+
 NAME = re.compile(r"^step_(\d{6,})\.(pth|dcp)$")
 
 
@@ -30,19 +32,28 @@ class CheckpointConfig:
     overhead: float = 0.02  # every: auto keeps the checkpoints' stall at most this share of the training time
 
 
+MARK = ".mmkit-made-this-folder"  # a folder a job created: once empty of its checkpoints, it may go
+
+
 class CheckpointDir:
-    """One training job's folder of periodic resume files."""
+    """One training job's folder of periodic resume files. The folder may hold other files (the user named a
+    folder they already had): the job only ever removes its own step_* entries and what its saves left, never
+    follows a symlink, and removes the folder itself only if a job created it and nothing else is in it."""
 
     def __init__(self, path, cfg: CheckpointConfig):
         self.path, self.cfg = Path(path), cfg
+        if self.path.exists() and not self.path.is_dir():
+            raise UserError(f"--checkpoint-dir {path} is a file, not a folder")
         self.auto = AutoInterval(cfg.overhead) if cfg.every == "auto" else None
         # the checkpoints auto-resume skipped (another run's, or damaged): never counted among the newest
         # `keep`, which are this run's own; they go once this run has committed a checkpoint of its own
         self.rejected: list[Path] = []
 
     def new_path(self, step: int, sharded: bool) -> Path:
-        """Where the checkpoint after STEP goes (the folder is made on first use)."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        """Where the checkpoint after STEP goes (the folder is made on first use, and marked as made)."""
+        if not self.path.is_dir():
+            self.path.mkdir(parents=True, exist_ok=True)
+            (self.path / MARK).touch()
         path = self.path / f"step_{step:06d}.{'dcp' if sharded else 'pth'}"
         self.rejected = [p for p in self.rejected if p != path]  # replaced by this run's own
         return path
@@ -63,12 +74,19 @@ class CheckpointDir:
         found = [(int(m.group(1)), p) for p in self.path.iterdir() if (m := NAME.match(p.name))]
         return [p for _, p in sorted(found, reverse=True)]
 
+    def unfinished(self) -> list[Path]:
+        """What killed saves left behind (step_*.tmp, step_*.old): never a checkpoint."""
+        if not self.path.is_dir():
+            return []
+        return [p for p in self.path.iterdir() if p.name.startswith("step_") and p.suffix in (".tmp", ".old")]
+
     def clear_unfinished(self) -> None:
-        """Remove what a killed save left behind (step_*.tmp, step_*.old): never a checkpoint."""
-        if self.path.is_dir():
-            for p in self.path.iterdir():
-                if p.name.startswith("step_") and p.suffix in (".tmp", ".old"):
-                    remove(p)
+        for p in self.unfinished():
+            try:
+                remove(p)
+            except OSError as e:
+                raise UserError(f"cannot remove {p}, left by a save that never finished: {e.strerror} "
+                                f"(the checkpoint folder {self.path} must be writable)") from None
 
     def reject(self, path: Path) -> None:
         self.rejected.append(Path(path))
@@ -87,14 +105,26 @@ class CheckpointDir:
             remove(p)
 
     def finish(self) -> None:
-        """The job is done: its folder goes, unless checkpoint.keep_when_done."""
-        if not self.cfg.keep_when_done and self.path.is_dir():
-            shutil.rmtree(self.path)
+        """The job is done: its checkpoints go, unless checkpoint.keep_when_done, and the folder too if a job
+        made it and nothing else is in it."""
+        if self.cfg.keep_when_done or not self.path.is_dir():
+            return
+        own = self.checkpoints() + self.unfinished()
+        for p in own:
+            remove(p)
+        left = [p.name for p in self.path.iterdir() if p.name != MARK]
+        if (self.path / MARK).exists() and not left:
+            (self.path / MARK).unlink()
+            self.path.rmdir()
             print(f"checkpoints: removed {self.path} (the job is done)", file=sys.stderr)
+        else:
+            print(f"checkpoints: removed {len(own)} of this job's entries from {self.path} (the job is done; "
+                  f"{len(left)} other entries left as they were)", file=sys.stderr)
 
 
 def remove(p: Path) -> None:
-    if p.is_dir():
+    """A checkpoint or a save's leftover: a symlink is unlinked, never followed."""
+    if p.is_dir() and not p.is_symlink():
         shutil.rmtree(p)
     else:
         p.unlink(missing_ok=True)

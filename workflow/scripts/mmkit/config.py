@@ -8,6 +8,8 @@ not rerun it; every key read is recorded and named in the job's log when it succ
 from __future__ import annotations
 
 import copy
+import functools
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,19 +102,70 @@ def _without_required(schema: dict) -> dict:
     return schema
 
 
+class _UniqueKeys(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """YAML whose mappings refuse a key written twice (plain YAML keeps the last, silently)."""
+
+
+def _mapping(loader, node, deep=False):
+    lines = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        line = key_node.start_mark.line + 1
+        if key in lines:
+            raise UserError(f"config file {node.start_mark.name}: key '{key}' is written twice (lines "
+                            f"{lines[key]} and {line}); keep one")
+        lines[key] = line
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def read_yaml(path) -> dict:
+    """A config file's mapping: one line for a file that is missing, not YAML, not a mapping, or writes a key
+    twice."""
+    try:
+        with open(path) as f:
+            cfg = yaml.load(f, _UniqueKeys)
+    except FileNotFoundError:
+        raise UserError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as e:
+        raise UserError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(cfg, dict):
+        raise UserError(f"config file {path} does not hold a mapping of keys")
+    return cfg
+
+
+def _not_finite(cfg: dict, prefix: str = ""):
+    for k, v in cfg.items():
+        if isinstance(v, dict):
+            yield from _not_finite(v, f"{prefix}{k}.")
+        elif isinstance(v, float) and not math.isfinite(v):
+            yield prefix + k, v
+
+
+@functools.cache
+def _schema() -> dict:
+    return yaml.safe_load(SCHEMA.read_text())
+
+
 def check_config(cfg: dict, partial: bool = False) -> None:
-    """Raise UserError naming the key when cfg breaks the schema or a rule the schema cannot say.
+    """Raise UserError naming the key, its value and what is expected when cfg breaks the schema or a rule
+    the schema cannot say.
 
     partial: cfg holds some of the keys (a job's settings file); each one present is checked.
     """
-    schema = yaml.safe_load(SCHEMA.read_text())
+    for key, value in _not_finite(cfg):  # .nan passes any minimum (every comparison with it is false)
+        raise UserError(f"config key '{key}': {value} is not a finite number")
+    schema = copy.deepcopy(_schema())
     if partial:
         schema = _without_required(schema)
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(cfg), key=lambda e: list(e.path))
     if errors:
         e = errors[0]
         key = ".".join(str(p) for p in e.path) or "(top level)"
-        raise UserError(f"config key '{key}': {e.message}")
+        expected = e.schema.get("description") if isinstance(e.schema, dict) else None
+        raise UserError(f"config key '{key}': {e.message}" + (f"; expected: {expected}" if expected else ""))
     if "stop_at" in cfg and "steps" in cfg and not 1 <= cfg["stop_at"] <= cfg["steps"] - 1:
         raise UserError(f"config key 'stop_at': {cfg['stop_at']} must lie in 1..steps-1 (steps = {cfg['steps']})")
     par = cfg.get("parallel", {})
@@ -151,14 +204,7 @@ def check_config(cfg: dict, partial: bool = False) -> None:
 
 def load_config(path) -> Settings:
     """A job's settings file (or a whole config.yaml), checked; keys read are logged when the job ends."""
-    try:
-        cfg = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise UserError(f"config file {path} does not exist") from None
-    except yaml.YAMLError as e:
-        raise UserError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
-    if not isinstance(cfg, dict):
-        raise UserError(f"config file {path} does not hold a mapping of keys")
+    cfg = read_yaml(path)
     check_config(cfg, partial=True)
     settings = Settings(cfg, f"config file {path}")
     # one write: under torchrun every rank says it into the same log, and print's two writes interleave

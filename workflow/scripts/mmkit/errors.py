@@ -1,5 +1,6 @@
 """The errors a user can fix: scripts print them as a single line and exit non-zero (2; 3 for NaN/Inf)."""
 
+import os
 import sys
 
 # called after main() returns: the config loader logs which keys the job read
@@ -30,10 +31,26 @@ def run_cli(main) -> None:
     try:
         main()
     except Preempted as e:
-        print(f"preempted: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
+        leave(e.exit_code, f"preempted: {e}")
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
+        leave(e.exit_code, f"error: {e}")
+    record_exit(0, "done")
     for callback in AT_SUCCESS:
         callback()
+
+
+def leave(code: int, line: str) -> None:
+    print(line, file=sys.stderr)
+    record_exit(code, line)
+    sys.exit(code)
+
+
+# torchrun.py's folder where each local rank leaves how it ended: the job exits 75 only if every rank did
+RANK_EXITS = "MMKIT_RANK_EXITS"
+
+
+def record_exit(code: int, line: str) -> None:
+    folder = os.environ.get(RANK_EXITS)
+    if folder:
+        with open(os.path.join(folder, f"rank{os.environ.get('LOCAL_RANK', '0')}"), "w") as f:
+            f.write(f"{code} {line}\n")
