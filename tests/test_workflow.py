@@ -91,6 +91,8 @@ def test_editing_the_training_code_reruns_the_training_rules(pipeline):
         ({"stop_at": 12}, "stop_at"),
         ({"stop_at": 0}, "stop_at"),
         ({"lr": -0.1}, "lr"),
+        ({"lr": float("nan")}, "'lr': nan is not a finite number"),
+        ("lr: 0.001\nlr: 0.002\n", "key 'lr' is written twice (lines 1 and 2)"),  # a file Snakemake's YAML takes
         ({"model": {**TINY["model"], "num_attention_heads": 3}}, "num_attention_heads"),
         ({"model": {**TINY["model"], "num_key_value_heads": 3}}, "num_key_value_heads"),
         ({"device": "tpu"}, "device"),
@@ -104,7 +106,7 @@ def test_editing_the_training_code_reruns_the_training_rules(pipeline):
     ],
 )
 def test_bad_config_stops_before_any_job_naming_the_key(fresh, overlay, key):
-    (fresh / "bad.yaml").write_text(yaml.safe_dump(overlay))
+    (fresh / "bad.yaml").write_text(overlay if isinstance(overlay, str) else yaml.safe_dump(overlay))
     proc = snakemake(fresh, configfiles=("config.yaml", "tiny.yaml", "bad.yaml"), check=False)
     assert proc.returncode != 0
     assert key in proc.stderr + proc.stdout
