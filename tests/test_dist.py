@@ -269,6 +269,41 @@ def test_an_fsdp2_job_skips_its_malformed_newest_checkpoint_and_continues_from_t
     assert_same_state_dict(torch.load(tmp_path / "o.pth", weights_only=True), weights(dist, "fsdp2/straight"))
 
 
+def contents(folder: Path) -> dict:
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_a_swap_killed_between_its_renames_is_finished_or_undone_never_deleted(build, pipeline, tmp_path):
+    """Catches: what a kill between a directory swap's two renames leaves (NAME.old committed, NAME.tmp
+    complete or not, NAME gone) deleted unread as leftovers, so the job falls back to an older checkpoint;
+    a half-written .tmp committed."""
+    dist = build("fsdp2/straight.pth")
+    cfg = yaml.safe_load(dist_settings(pipeline, "fsdp2").read_text())
+    cfg["checkpoint"] = {**cfg["checkpoint"], "every": 3, "keep": 100, "keep_when_done": True}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    checkpoints = tmp_path / "checkpoints"
+    args = ("--config", tmp_path / "c.yaml", "--tokens", pipeline / "data" / "train.npy", "--out", tmp_path / "o.pth",
+            "--loss-log", tmp_path / "o.csv", "--checkpoint-dir", checkpoints)
+    proc = torchrun(*args, env={"MMKIT_FAILPOINT": "step8:0:TERM"})  # preempted: a checkpoint after step 8
+    assert proc.returncode != 0 and (checkpoints / "step_000008.dcp").is_dir(), proc.stderr[-2000:]
+    step8 = contents(checkpoints / "step_000008.dcp")
+    for name, complete in (("step_000006.dcp", True), ("step_000008.dcp", False)):
+        d = checkpoints / name
+        shutil.copytree(d, d.with_name(name + ".tmp"))  # the re-save of the same state, written whole ...
+        if not complete:
+            (d.with_name(name + ".tmp") / "resume.pth").unlink()  # ... or killed before it was sealed
+        d.rename(d.with_name(name + ".old"))  # the first rename done, the second not
+    proc = torchrun(*args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "step_000006.dcp: a save killed before its rename was complete, and is committed now" in proc.stderr
+    assert "step_000008.dcp: a save killed before its rename was not complete; the committed copy is back" \
+        in proc.stderr
+    assert "continuing from checkpoint" in proc.stderr and "(step 8)" in proc.stderr, proc.stderr[-2000:]
+    assert contents(checkpoints / "step_000008.dcp") == step8
+    assert not list(checkpoints.glob("*.old")) + list(checkpoints.glob("*.tmp"))
+    assert_same_state_dict(torch.load(tmp_path / "o.pth", weights_only=True), weights(dist, "fsdp2/straight"))
+
+
 class _Marker:
     """Unpickling this writes a file: what a crafted .metadata could do instead."""
 

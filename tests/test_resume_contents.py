@@ -320,6 +320,7 @@ FINGERPRINT = {"format", "torch", "threads", "device", "precision", "adamw", "we
                "model.num_attention_heads", "model.num_key_value_heads", "model.vocab_size",
                "model.max_position_embeddings", "model.rms_norm_eps", "model.rope_theta",
                "world_size", "strategy", "batch_slices", "rank_generators", "backend", "cpu_capability",
+               "cpu_kernels", "gpu",
                "code.model.py", "code.train.py", "code.data.py", "code.parallel.py"}
 
 
@@ -335,10 +336,24 @@ def test_a_resume_file_records_every_setting_the_continuation_depends_on(tiny_ru
     proc = run_script("run.py", "--config", tiny_run["config"], "--tokens", tiny_run["tokens"], "--out", out,
                       "--stop-at", 2)
     assert proc.returncode == 0, proc.stderr
-    assert set(flat(torch.load(out, weights_only=True)["fingerprint"])) == FINGERPRINT
+    saved = torch.load(out, weights_only=True)["fingerprint"]
+    assert set(flat(saved)) == FINGERPRINT
+    assert saved["cpu_kernels"] == [] and saved["gpu"] is None  # fp32 on a CPU: no half-precision kernels
+    # bf16 on this CPU: the features that choose oneDNN's bf16 and fp16 kernels, read here from /proc/cpuinfo
+    flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split(":", 1)[1].split()
+    config = tmp_path / "bf16.yaml"
+    config.write_text(yaml.safe_dump({**yaml.safe_load(tiny_run["config"].read_text()), "precision": "bf16"}))
+    proc = run_script("run.py", "--config", config, "--tokens", tiny_run["tokens"], "--out", out, "--stop-at", 2)
+    assert proc.returncode == 0, proc.stderr
+    assert torch.load(out, weights_only=True)["fingerprint"]["cpu_kernels"] == \
+        sorted({"amx_bf16", "amx_fp16", "avx512_bf16", "avx512_fp16"} & set(flags))
 
 
 def other_value(v):
+    if v is None:  # gpu, off CUDA
+        return "NVIDIA H200; CUDA 12.8; cuDNN 91000; deterministic algorithms True"
+    if isinstance(v, list):  # cpu_kernels
+        return v + ["amx_bf16"] if "amx_bf16" not in v else v[1:]
     if isinstance(v, bool):
         return not v
     if isinstance(v, int):

@@ -107,7 +107,8 @@ def certify_command(name):
 
 def certify_files(w):
     """The files an entry's command names: the repository's (examples, scripts, presets, and the modules a
-    script imports) and OUTDIR's (built by their rules), so that a changed example reruns its entry."""
+    script imports) and OUTDIR's (built by their rules), so that a changed example reruns its entry.
+    """
     named = (t.split("=", 1)[-1] for t in shlex.split(certify_command(w.name)))
     files = [
         t

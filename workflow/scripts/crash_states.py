@@ -33,7 +33,7 @@ from mmkit import atomic, sharded, store
 from mmkit.atomic import write_text_atomic
 from mmkit.autoresume import CheckpointConfig, CheckpointDir
 from mmkit.config import RunConfig
-from mmkit.crashstates import Recorder, crash_states, write_tree
+from mmkit.crashstates import Recorder, crash_states, snapshot, write_tree
 from mmkit.data import StepPlan, TrainingData
 from mmkit.errors import UserError, run_cli
 from mmkit.model import ModelConfig
@@ -133,9 +133,11 @@ def check(job: Job, recorder: Recorder, sequence: str, scratch: Path, first_fail
         except Exception as e:  # noqa: BLE001 -- a crash of the checker's job is what it reports
             failures.append(f"after operation {k}: {type(e).__name__}: {str(e)[:120]}")
             continue
+        # what it continued from, as it is on disk after the start (which may have finished an interrupted swap)
+        after = snapshot(scratch)
         if step < newest:
             failures.append(f"after operation {k}: continued from step {step}, but step {newest} was committed")
-        elif not any(same_files(tree, version, name) for version in complete):
+        elif not any(same_files(after, version, name) for version in complete):
             failures.append(f"after operation {k}: continued from {name}, which is not a complete checkpoint")
     return len(points), states, failures
 

@@ -80,6 +80,12 @@ class CheckpointDir:
             return []
         return [p for p in self.path.iterdir() if p.name.startswith("step_") and p.suffix in (".tmp", ".old")]
 
+    def interrupted_swaps(self) -> list[Path]:
+        """The names a re-save's directory swap left without its directory (a .tmp or .old beside nothing):
+        mmkit.sharded.recover makes them whole before the leftovers go."""
+        names = {p.with_suffix("") for p in self.unfinished() if p.name.endswith((".dcp.tmp", ".dcp.old"))}
+        return sorted(n for n in names if not n.exists())
+
     def clear_unfinished(self) -> None:
         for p in self.unfinished():
             try:

@@ -13,10 +13,15 @@ from pathlib import Path
 import torch
 
 from .errors import UserError
+from .hardware import cpu_flags
 from .parallel import backend_for
 
-FORMAT_VERSION = 5  # 2: skipped_steps, digests, the weights' dtype; 3: origin and loss_log;
-# 4: data_position, rng_state, scaler; 5: adamw_offset, cpu_capability, backend, code
+# the CPU features that make oneDNN take other bf16 / fp16 kernels (AMX tiles, AVX512 dot products): a requeue
+# from a node with them to one without continues other sums, though ATen's capability reads the same
+HALF_KERNEL_FLAGS = ("amx_bf16", "amx_fp16", "avx512_bf16", "avx512_fp16")
+
+FORMAT_VERSION = 6  # 2: skipped_steps, digests, the weights' dtype; 3: origin and loss_log;
+# 4: data_position, rng_state, scaler; 5: adamw_offset, cpu_capability, backend, code; 6: cpu_kernels, gpu
 
 # what may differ when a run continues on another number of ranks (--reshard); anything else may not
 RESHARD_KEYS = ("world_size", "strategy", "batch_slices")
@@ -48,6 +53,8 @@ def build(cfg, device: str, train_data_sha256: str, ranks) -> dict:
         # the CPU kernels ATen dispatches to (ATEN_CPU_CAPABILITY, or the best the CPU has): AVX2 and AVX512
         # kernels sum in other orders, so a requeue onto another node type continues other arithmetic
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_kernels": cpu_kernels(cfg.precision, device),
+        "gpu": gpu(device),
         "code": code_digests(),
         "precision": cfg.precision,  # as resolved for this machine: auto never reaches a resume file
         "adamw": cfg.adamw,
@@ -70,6 +77,21 @@ def build(cfg, device: str, train_data_sha256: str, ranks) -> dict:
         "backend": backend_for(cfg.parallel, device),  # its collectives sum in their own order
         "rank_generators": ranks.rank_generators,
     }
+
+
+def cpu_kernels(precision: str, device: str) -> list[str]:
+    """The CPU features that choose this run's half-precision kernels: none for fp32, or off the CPU."""
+    if device != "cpu" or precision == "fp32":
+        return []
+    return sorted(set(HALF_KERNEL_FLAGS) & cpu_flags())
+
+
+def gpu(device: str) -> str | None:
+    """On CUDA, what decides its kernels: the GPU, the CUDA and cuDNN versions, deterministic algorithms."""
+    if not device.startswith("cuda"):
+        return None
+    return (f"{torch.cuda.get_device_name()}; CUDA {torch.version.cuda}; cuDNN {torch.backends.cudnn.version()}; "
+            f"deterministic algorithms {torch.are_deterministic_algorithms_enabled()}")
 
 
 def check_format(saved: dict, source: str) -> None:

@@ -70,8 +70,10 @@ def save_resume_dir(state: dict, path, ranks, async_save: bool = False) -> Pendi
     process group of their own (ranks.save_group), and commit() first waits for them.
     """
     tmp = _tmp(path)
-    if ranks.main and tmp.exists():
-        shutil.rmtree(tmp)  # what a killed save left behind
+    if ranks.main:
+        recover(path)  # a swap onto this name that a kill interrupted: finished or undone, never lost
+        if tmp.exists():
+            shutil.rmtree(tmp)  # what a killed save left behind, not complete
     ranks.barrier()
     shards = {k: state[k] for k in SHARDED}
     entries = {k: v for k, v in state.items() if k not in SHARDED}
@@ -87,6 +89,31 @@ def _tmp(path) -> Path:
     return path.with_name(path.name + ".tmp")
 
 
+def _old(path) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + ".old")
+
+
+def recover(path) -> str | None:
+    """What a kill between _commit's two renames left of PATH, made whole again: with PATH gone, a complete,
+    sealed PATH.tmp (every shard its manifest names, unchanged) is renamed onto the name, else PATH.old (the
+    committed copy) is put back. Nothing committed is deleted unread. Returns what was done, or None."""
+    path, tmp, old = Path(path), _tmp(path), _old(path)
+    if path.exists() or not (tmp.is_dir() or old.is_dir()):
+        return None  # the swap got past its second rename: what is left is stale, and goes with the leftovers
+    try:
+        read_resume_dir(tmp)
+        done = f"{path.name}: a save killed before its rename was complete, and is committed now"
+        os.rename(tmp, path)
+    except UserError:
+        if not old.is_dir():
+            return None
+        done = f"{path.name}: a save killed before its rename was not complete; the committed copy is back"
+        os.rename(old, path)
+    fsync_path(path.parent)
+    return done
+
+
 def _commit(tmp: Path, path: Path, entries: dict) -> None:
     manifest = {f.name: sha256_file(f) for f in sorted(tmp.iterdir())}
     meta = seal({**entries, "manifest": manifest})
@@ -95,8 +122,8 @@ def _commit(tmp: Path, path: Path, entries: dict) -> None:
     for f in tmp.iterdir():
         fsync_path(f)
     fsync_path(tmp)
-    if path.exists():  # a directory cannot be renamed over another: the old one goes aside first
-        old = path.with_name(path.name + ".old")
+    if path.exists():  # a directory cannot be renamed over another: the old one goes aside first (recover())
+        old = _old(path)
         shutil.rmtree(old, ignore_errors=True)
         os.rename(path, old)
         os.rename(tmp, path)

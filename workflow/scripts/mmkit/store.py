@@ -199,6 +199,10 @@ def auto_resume(checkpoints, live: entries.TrainingState, expected: entries.Expe
     """
     ranks = live.ranks
     if ranks.main:
+        for name in checkpoints.interrupted_swaps():
+            done = _sharded().recover(name)
+            if done:
+                print(f"checkpoints: {done}", file=sys.stderr, flush=True)
         checkpoints.clear_unfinished()
     for path in ranks.share(checkpoints.checkpoints()):
         refusal = None
