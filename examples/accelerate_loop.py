@@ -4,7 +4,7 @@ run (python examples/accelerate_loop.py, or accelerate launch).
 https://huggingface.co/docs/accelerate/usage_guides/checkpoint: accelerator.save_state / load_state, and
 skip_first_batches for the batches of the resumed epoch already trained on; the folder step_{k} and the
 resume arithmetic as in https://github.com/huggingface/accelerate/blob/main/examples/by_feature/checkpointing.py.
-A tiny causal LM on random tokens, so that it runs in seconds on a CPU.
+A tiny causal LM on random tokens (tiny_lm.py).
 """
 
 import argparse
@@ -15,21 +15,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-SAMPLES, SEQ_LEN, VOCAB = 64, 16, 97
-
-
-class TinyLM(torch.nn.Module):
-    def __init__(self, dropout: float):
-        super().__init__()
-        self.embed = torch.nn.Embedding(VOCAB, 32)
-        self.mix = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Dropout(dropout),
-                                       torch.nn.Linear(64, 32))
-        self.head = torch.nn.Linear(32, VOCAB)
-
-    def forward(self, tokens):
-        x = self.embed(tokens[:, :-1])
-        logits = self.head(x + self.mix(x))
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+from tiny_lm import TinyLM, random_tokens
 
 
 def main():
@@ -45,8 +31,7 @@ def main():
     model = TinyLM(args.dropout)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.max_steps)
-    tokens = torch.randint(0, VOCAB, (SAMPLES, SEQ_LEN), generator=torch.Generator().manual_seed(2))
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tokens), batch_size=4, shuffle=True)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(random_tokens()), batch_size=4, shuffle=True)
     model, optimizer, loader, schedule = accelerator.prepare(model, optimizer, loader, schedule)
 
     step, starting_epoch, resume_step = 0, 0, None

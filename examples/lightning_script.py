@@ -4,7 +4,7 @@ A ModelCheckpoint every N optimizer steps (every_n_train_steps, save_top_k=-1:
 https://lightning.ai/docs/pytorch/stable/common/checkpointing_intermediate.html), resumed with
 trainer.fit(..., ckpt_path=...) (https://lightning.ai/docs/pytorch/stable/common/checkpointing_basic.html),
 seed_everything and deterministic=True (https://lightning.ai/docs/pytorch/stable/common/trainer.html#reproducibility).
-A tiny causal LM on random tokens, so that it runs in seconds on a CPU.
+A tiny causal LM on random tokens (tiny_lm.py).
 """
 
 import argparse
@@ -12,25 +12,16 @@ import argparse
 import lightning as L
 import torch
 
-SAMPLES, SEQ_LEN, VOCAB = 64, 16, 97
+from tiny_lm import TinyLM, random_tokens
 
 
-class TinyLM(L.LightningModule):
+class TinyLightning(L.LightningModule):
     def __init__(self, dropout: float, steps: int):
         super().__init__()
-        self.embed = torch.nn.Embedding(VOCAB, 32)
-        self.mix = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Dropout(dropout),
-                                       torch.nn.Linear(64, 32))
-        self.head = torch.nn.Linear(32, VOCAB)
-        self.steps = steps
-
-    def forward(self, tokens):
-        x = self.embed(tokens[:, :-1])
-        logits = self.head(x + self.mix(x))
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        self.lm, self.steps = TinyLM(dropout), steps
 
     def training_step(self, batch, batch_idx):
-        return self(batch[0])
+        return self.lm(batch[0])
 
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(self.parameters(), lr=3e-3)
@@ -47,9 +38,8 @@ def main():
     p.add_argument("--dropout", type=float, default=0.0)
     args = p.parse_args()
     L.seed_everything(0, workers=True)
-    module = TinyLM(args.dropout, args.max_steps)
-    tokens = torch.randint(0, VOCAB, (SAMPLES, SEQ_LEN), generator=torch.Generator().manual_seed(2))
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tokens), batch_size=4, shuffle=True)
+    module = TinyLightning(args.dropout, args.max_steps)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(random_tokens()), batch_size=4, shuffle=True)
     saver = L.pytorch.callbacks.ModelCheckpoint(args.out, filename="{step}", every_n_train_steps=args.every,
                                                 save_top_k=-1)
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=args.max_steps, max_epochs=-1, deterministic=True,

@@ -16,21 +16,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-SAMPLES, SEQ_LEN, VOCAB, BATCH = 64, 16, 97, 8
+from tiny_lm import TinyLM, random_tokens
 
-
-class TinyLM(torch.nn.Module):
-    def __init__(self, dropout: float):
-        super().__init__()
-        self.embed = torch.nn.Embedding(VOCAB, 32)
-        self.mix = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Dropout(dropout),
-                                       torch.nn.Linear(64, 32))
-        self.head = torch.nn.Linear(32, VOCAB)
-
-    def forward(self, tokens):
-        x = self.embed(tokens[:, :-1])
-        logits = self.head(x + self.mix(x))
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+BATCH = 8
 
 
 def main():
@@ -55,8 +43,7 @@ def main():
     torch.manual_seed(1 + rank)  # each rank its own dropout stream
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / args.steps)))
-    tokens = torch.randint(0, VOCAB, (SAMPLES, SEQ_LEN), generator=torch.Generator().manual_seed(2))
-    data = torch.utils.data.TensorDataset(tokens)
+    data = torch.utils.data.TensorDataset(random_tokens())
     shuffle = torch.Generator().manual_seed(3)
     sampler = (torch.utils.data.DistributedSampler(data, world, rank, seed=3) if distributed else
                torch.utils.data.RandomSampler(data, generator=shuffle))

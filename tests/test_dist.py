@@ -245,19 +245,26 @@ def test_an_unchanged_copy_of_a_resume_directory_is_accepted(build, pipeline, tm
     assert_same_state_dict(torch.load(tmp_path / "o.pth", weights_only=True), weights(dist, "fsdp2_to1"))
 
 
+def preempted_fsdp2_job(pipeline, tmp_path, **checkpoint) -> tuple[tuple, Path]:
+    """A 2-rank FSDP2 job checkpointing every 3 steps, preempted after step 8 (a checkpoint then): its
+    arguments, to run it again, and its checkpoint folder."""
+    cfg = yaml.safe_load(dist_settings(pipeline, "fsdp2").read_text())
+    cfg["checkpoint"] = {**cfg["checkpoint"], "every": 3, **checkpoint}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    checkpoints = tmp_path / "checkpoints"
+    args = ("--config", tmp_path / "c.yaml", "--tokens", pipeline / "data" / "train.npy", "--out", tmp_path / "o.pth",
+            "--loss-log", tmp_path / "o.csv", "--checkpoint-dir", checkpoints)
+    proc = torchrun(*args, env={"MMKIT_FAILPOINT": "step8:0:TERM"})
+    assert proc.returncode != 0 and (checkpoints / "step_000008.dcp").is_dir(), proc.stderr[-2000:]
+    return args, checkpoints
+
+
 def test_an_fsdp2_job_skips_its_malformed_newest_checkpoint_and_continues_from_the_one_before(build, pipeline,
                                                                                              tmp_path):
     """Catches: a malformed manifest or a refused shard that aborts auto-resume with a traceback instead of a
     warning and the next older checkpoint."""
     dist = build("fsdp2/straight.pth")
-    cfg = yaml.safe_load(dist_settings(pipeline, "fsdp2").read_text())
-    cfg["checkpoint"] = {**cfg["checkpoint"], "every": 3, "keep": 2}
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    checkpoints = tmp_path / "checkpoints"
-    args = ("--config", tmp_path / "c.yaml", "--tokens", pipeline / "data" / "train.npy", "--out", tmp_path / "o.pth",
-            "--loss-log", tmp_path / "o.csv", "--checkpoint-dir", checkpoints)
-    proc = torchrun(*args, env={"MMKIT_FAILPOINT": "step8:0:TERM"})  # preempted: a checkpoint after step 8
-    assert proc.returncode != 0 and (checkpoints / "step_000008.dcp").is_dir(), proc.stderr[-2000:]
+    args, checkpoints = preempted_fsdp2_job(pipeline, tmp_path, keep=2)
     newest = checkpoints / "step_000008.dcp"
     shutil.move(newest, tmp_path / "good.dcp")
     edited_dir(tmp_path / "good.dcp", newest, meta=lambda m: m["manifest"].__setitem__(".metadata", 5))
@@ -278,14 +285,7 @@ def test_a_swap_killed_between_its_renames_is_finished_or_undone_never_deleted(b
     complete or not, NAME gone) deleted unread as leftovers, so the job falls back to an older checkpoint;
     a half-written .tmp committed."""
     dist = build("fsdp2/straight.pth")
-    cfg = yaml.safe_load(dist_settings(pipeline, "fsdp2").read_text())
-    cfg["checkpoint"] = {**cfg["checkpoint"], "every": 3, "keep": 100, "keep_when_done": True}
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    checkpoints = tmp_path / "checkpoints"
-    args = ("--config", tmp_path / "c.yaml", "--tokens", pipeline / "data" / "train.npy", "--out", tmp_path / "o.pth",
-            "--loss-log", tmp_path / "o.csv", "--checkpoint-dir", checkpoints)
-    proc = torchrun(*args, env={"MMKIT_FAILPOINT": "step8:0:TERM"})  # preempted: a checkpoint after step 8
-    assert proc.returncode != 0 and (checkpoints / "step_000008.dcp").is_dir(), proc.stderr[-2000:]
+    args, checkpoints = preempted_fsdp2_job(pipeline, tmp_path, keep=100, keep_when_done=True)
     step8 = contents(checkpoints / "step_000008.dcp")
     for name, complete in (("step_000006.dcp", True), ("step_000008.dcp", False)):
         d = checkpoints / name

@@ -1,0 +1,26 @@
+"""What the examples train: a tiny causal LM on random tokens, so that each runs in seconds on a CPU."""
+
+import torch
+
+SAMPLES, SEQ_LEN, VOCAB = 64, 16, 97
+
+
+class TinyLM(torch.nn.Module):
+    """Embeddings, a residual MLP with dropout, a head; called on a batch of token rows, returns the loss."""
+
+    def __init__(self, dropout: float = 0.0):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, 32)
+        self.mix = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Dropout(dropout),
+                                       torch.nn.Linear(64, 32))
+        self.head = torch.nn.Linear(32, VOCAB)
+
+    def forward(self, tokens):
+        x = self.embed(tokens[:, :-1])
+        logits = self.head(x + self.mix(x))
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+
+def random_tokens() -> torch.Tensor:
+    """SAMPLES rows of SEQ_LEN tokens, the same in every process (a generator of their own)."""
+    return torch.randint(0, VOCAB, (SAMPLES, SEQ_LEN), generator=torch.Generator().manual_seed(2))
