@@ -42,7 +42,7 @@ def local_ranks(argv: list) -> int:
 
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="rank-exits-") as folder:
-        os.environ[RANK_EXITS] = folder  # each rank leaves there how it ended (mmkit.errors.exit_with)
+        os.environ[RANK_EXITS] = folder  # each rank leaves there how it ended (mmkit.errors.record_exit)
         try:
             torchrun(["--signals-to-handle", SIGNALS, *sys.argv[1:]])  # a later --signals-to-handle still wins
         except SignalException as e:  # passed on to the ranks, which were given the shutdown timeout to end
