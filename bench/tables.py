@@ -188,9 +188,19 @@ def targets_table(rows: list) -> str:
     if mem:
         add(f"peak RSS of a {TARGET_DIMS} training job, fp32 (GB)", mem["peak_rss_mib"] * 2**20 / 1e9, 1.1,
             "e: the job's VmHWM")
-    save = one("save", what="save_atomic")
-    if save:
-        add("durable atomic save ÷ plain torch.save", save["vs_torch_save"], 1.10, "c: ratio of medians")
+    save, dd = one("save", what="save_atomic"), one("save", what="dd_fsync")
+    if save and dd:
+        # torch.save returns with the bytes in the page cache. A durable save is at best the slower of that
+        # and the disk's own durable write of as many bytes (dd conv=fsync): its floor, measured in this run
+        dd_x = save["vs_torch_save"] / save["vs_dd_fsync"]  # dd's time for the file's bytes ÷ torch.save's
+        floor_x = max(1.0, dd_x)  # ÷ torch.save can reach 1.25 only where 1.10 of the floor does
+        lines.append(f"| durable atomic save ÷ plain torch.save, {save['dims']} resume file | ≤ 1.25 "
+                     f"| {save['vs_torch_save']:.3f} | "
+                     + ({True: "yes", False: "no"}[save["vs_torch_save"] <= 1.25] if floor_x <= 1.25 / 1.10 else
+                        f"n/a: this disk's floor is {floor_x:.2f}× torch.save")
+                     + f" | c: ratio of medians, {save['median_ms']:.0f} ÷ {save['median_ms'] / save['vs_torch_save']:.0f} ms |")
+        add("durable atomic save ÷ its floor: the slower of torch.save and dd conv=fsync of the same bytes",
+            save["vs_torch_save"] / floor_x, 1.10, f"c: ratio of medians; dd {dd_x:.2f}× torch.save in this run")
     stall = one("cost", what="stall per save")
     if stall:
         add(f"stall per save, checkpoint.async ÷ sync, {TARGET_DIMS} resume file", stall["async_vs_sync"], 0.15,
