@@ -209,13 +209,23 @@ BREAKAGES = [
              (DIST + "test_a_resume_directory_with_bad_contents_is_refused_naming_the_entry[float64-weight]",)),
     Breakage("dcp: the directory's entries not fsynced before its rename", M + "sharded.py", "_commit",
              "    fsync_path(tmp)\n", "",
-             (T + "test_crash_states.py::test_every_crash_state_of_a_save_a_dcp_commit_and_a_prune_continues_from_a"
-                  "_committed_checkpoint[dcp]",)),
+             (T + "test_crash_states.py::test_every_crash_state_of_every_save_continues_from_a_committed_checkpoint"
+                  "[dcp]",)),
     Breakage("crash model: a rename durable at once (SIGKILL's model, not a power loss's)", M + "crashstates.py",
              "forced", 'result.append(any(o.kind == "fsync_dir" and o.path == op.directory for o in later))',
              "result.append(True)",
              (T + "test_crash_states.py::test_the_persistence_model_loses_what_no_fsync_made_durable",
-              T + "test_crash_states.py::test_the_checker_finds_failing_states_when_the_protocol_is_broken[no-dir-fsync]")),
+              T + "test_crash_states.py::test_each_control_fails_every_committing_save_for_its_own_reason"
+                  "[no-dir-fsync-lost]")),
+    Breakage("crash model: a write durable at once (no torn file after a power loss)", M + "crashstates.py",
+             "forced", 'result.append(any(o.kind == "fsync" and o.inode == op.inode for o in later))',
+             "result.append(True)",
+             (T + "test_crash_states.py::test_each_control_fails_every_committing_save_for_its_own_reason"
+                  "[no-file-fsync-torn]",)),
+    Breakage("dcp: the swap moves the committed directory aside before the new one's entry is durable",
+             M + "sharded.py", "_commit", "    fsync_path(path.parent)  # the new directory's own entry", "    pass  #",
+             (T + "test_crash_states.py::test_every_crash_state_of_every_save_continues_from_a_committed_checkpoint"
+                  "[dcp_resave]",)),
     # preemption: the checkpoint folder, auto-resume, signals
     Breakage("auto-resume: origin not compared", M + "store.py", "auto_resume",
              'if saved["origin"] != live.origin:', "if False:",

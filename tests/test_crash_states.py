@@ -17,28 +17,46 @@ def crash_check(tmp_path, *args) -> list[dict]:
     return list(csv.DictReader(out.open()))
 
 
-# one process per save, so that a breakage of one (the DCP commit's) is checked without the other two
-@pytest.mark.parametrize("sequence", ["file", "dcp", "prune"])
-def test_every_crash_state_of_a_save_a_dcp_commit_and_a_prune_continues_from_a_committed_checkpoint(tmp_path,
-                                                                                                   sequence):
-    """Catches: a save, a DCP directory commit or a prune whose order of writes, fsyncs and renames lets a
-    power loss tear a checkpoint, lose one reported committed, or leave a state auto-resume crashes on."""
-    rows = crash_check(tmp_path, "--sequences", sequence)
-    assert [r["sequence"] for r in rows] == [sequence]
-    assert rows[0]["failures"] == "0", rows
-    assert int(rows[0]["crash_points"]) >= 4, rows  # it crashed at every step of its save
-    assert int(rows[0]["states"]) >= 300, rows  # 350, 424 and 351 when written
+# every way a job saves, written out here rather than read from the script: a save dropped there fails here
+SAVES = ["file", "dcp_resave", "prune", "async", "dcp", "dcp_2ranks", "rejected", "finish"]
+COMMITTING = [s for s in SAVES if s != "finish"]  # a job's end commits nothing a crash could lose
 
 
-@pytest.mark.parametrize("control, saves", [("no-dir-fsync", ["file", "dcp", "prune"]), ("no-fsync", ["file", "prune"])],
-                         ids=["no-dir-fsync", "no-fsync"])
-def test_the_checker_finds_failing_states_when_the_protocol_is_broken(tmp_path, control, saves):
-    """Catches: a checker that cannot fail (a persistence model that keeps whatever was written, as SIGKILL
-    does): without the directory's fsync, and MiniMind's .tmp + os.replace with no fsync at all, a commit
-    reported done can be lost."""
+# one process per save, so that a breakage of one is checked without the others; each write cut at 16
+# lengths, not the report's 400: a torn file is torn at any of them
+@pytest.mark.parametrize("save", SAVES)
+def test_every_crash_state_of_every_save_continues_from_a_committed_checkpoint(tmp_path, save):
+    """Catches: a save, a re-save's directory swap, a background save, a one- or two-rank DCP commit, a prune
+    of this run's or of rejected checkpoints, or the job's final cleanup whose order of writes, fsyncs and
+    renames lets a power loss tear a checkpoint, lose one reported committed, or leave a state auto-resume
+    or --resume crashes on."""
+    rows = crash_check(tmp_path, "--saves", save, "--cuts", "16")
+    assert [r["save"] for r in rows] == [save]
+    assert rows[0]["failures"] == "0", (tmp_path / "states.md").read_text()
+    # it crashed at every step of the save: finish unlinks a checkpoint and the folder's mark, then the folder
+    assert int(rows[0]["crash_points"]) >= (3 if save == "finish" else 4), rows
+    assert int(rows[0]["states"]) > int(rows[0]["crash_points"]), rows  # more than one state per crash point
+
+
+# each control's reason, in its own words: lost (a committed rename undone), torn (a committed name whose
+# bytes are not those committed)
+REASONS = {"lost": "its name is gone or holds the previous version",
+           "torn": "its bytes on disk are not those committed"}
+
+
+@pytest.mark.parametrize("control, found", [("no-dir-fsync", "lost"), ("no-file-fsync", "torn"),
+                                            ("no-fsync", "lost+torn")])
+def test_each_control_fails_every_committing_save_for_its_own_reason(tmp_path, control, found):
+    """Catches: a checker that cannot fail, or fails for the wrong reason: a persistence model that keeps
+    every rename (SIGKILL's) finds nothing lost without the directory's fsync; one that keeps every write
+    finds nothing torn without the file's, which is MiniMind's hazard; with neither, as MiniMind's
+    lm_checkpoint saves, both must be found."""
     rows = crash_check(tmp_path, "--control", control)
-    assert [r["sequence"] for r in rows] == saves
-    assert all(int(r["failures"]) >= 1 for r in rows), rows
+    assert [r["save"] for r in rows] == COMMITTING
+    assert [r["found"] for r in rows] == [found] * len(COMMITTING), rows
+    report = (tmp_path / "states.md").read_text()
+    for kind in found.split("+"):
+        assert f": {kind}: continued from step" in report and REASONS[kind] in report, report
 
 
 def test_the_persistence_model_loses_what_no_fsync_made_durable():

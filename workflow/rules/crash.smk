@@ -4,8 +4,9 @@
 CRASH = SCRIPTS / "crash_states.py"
 CRASH_CONTROLS = [
     "no-dir-fsync",
+    "no-file-fsync",
     "no-fsync",
-]  # the protocol broken on purpose: each must fail states
+]  # the protocol broken on purpose: each must fail states, for its own reason
 
 
 rule crash_control:

@@ -20,6 +20,7 @@ import io
 import os
 import shutil
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,7 @@ class Op:
     dest: str = ""  # rename
     label: str = ""  # mark: what was committed
     committed: dict = field(default_factory=dict)  # mark: the committed tree {relative path: bytes}
+    t: int = 0  # when it was made (monotonic ns): the ranks' recordings of one save merge in this order
 
     @property
     def directory(self) -> str:
@@ -70,12 +72,12 @@ class _RecordedFile:
 class Recorder:
     """Record the file-system operations under ROOT while in a `with` block; start() snapshots the tree."""
 
-    def __init__(self, root):
+    def __init__(self, root, inode_base: int = 0):
         self.root = Path(root).resolve()
         self.ops: list[Op] = []
         self.initial = snapshot(self.root)  # {relative path: bytes}, and directories as None
         self.names = {p: i for i, p in enumerate(p for p, v in self.initial.items() if v is not None)}
-        self.next_inode = len(self.names)
+        self.next_inode = len(self.names) + inode_base  # a rank's files apart from another rank's
         self.fds: dict[int, tuple] = {}  # fd -> ("file", inode) or ("dir", path)
         self.lock = threading.Lock()
         self.quiet = 0  # inside rmtree: its own unlinks are recorded already
@@ -91,6 +93,7 @@ class Recorder:
 
     def add(self, op: Op) -> None:
         with self.lock:
+            op.t = time.monotonic_ns()
             self.ops.append(op)
 
     def mark(self, label: str, *paths) -> None:
@@ -127,7 +130,7 @@ class Recorder:
             fd = real["open"](path, flags, *args, **kwargs)
             rel = self.rel(path)
             if rel is not None and not self.quiet:
-                self.fds[fd] = ("dir", rel) if os.path.isdir(path) else ("file", self.names.get(rel, -1))
+                self.fds[fd] = ("dir", rel) if os.path.isdir(path) else ("file", self.names.get(rel, -1), rel)
             return fd
 
         def os_close(fd):
@@ -139,8 +142,8 @@ class Recorder:
             what = self.fds.get(fd)
             if what and what[0] == "dir":
                 self.add(Op("fsync_dir", path=what[1]))
-            elif what:
-                self.add(Op("fsync", inode=what[1]))
+            elif what:  # a file another rank made is known here by its name only (merged() finds its inode)
+                self.add(Op("fsync", inode=what[1], path=what[2] if len(what) > 2 and what[1] < 0 else ""))
 
         def rename_as(name):
             def rename(src, dst, *args, **kwargs):
@@ -219,6 +222,24 @@ def snapshot(root: Path, under: str | None = None) -> dict:
     return tree
 
 
+def merged(initial: dict, recordings: list) -> list[Op]:
+    """The operations of several processes' recordings of one save (the ranks'), in the order they were made;
+    a file's fsync by a process that did not create it gets the file's inode, from its name at that moment."""
+    ops = sorted((op for ops in recordings for op in coalesced(ops)), key=lambda op: op.t)
+    names = {p: i for i, p in enumerate(p for p, v in initial.items() if v is not None)}  # as Recorder numbers them
+    for op in ops:
+        if op.kind == "creat":
+            names[op.path] = op.inode
+        elif op.kind == "rename":
+            for k in [k for k in names if k == op.path or k.startswith(op.path + "/")]:
+                names[op.dest + k[len(op.path):]] = names.pop(k)
+        elif op.kind == "unlink":
+            names.pop(op.path, None)
+        elif op.kind == "fsync" and op.inode < 0:
+            op.inode = names.get(op.path, -1)
+    return ops
+
+
 # --- the states a crash may leave ---------------------------------------------------------------
 
 
@@ -229,7 +250,7 @@ def coalesced(ops: list[Op]) -> list[Op]:
         last = out[-1] if out else None
         if (op.kind == "write" and last is not None and last.kind == "write" and last.inode == op.inode
                 and last.offset + len(last.data) == op.offset):
-            out[-1] = Op("write", inode=op.inode, offset=last.offset, data=last.data + op.data)
+            out[-1] = Op("write", inode=op.inode, offset=last.offset, data=last.data + op.data, t=last.t)
         else:
             out.append(op)
     return out
@@ -249,7 +270,7 @@ def forced(ops: list[Op], k: int) -> list[bool]:
     return result
 
 
-def variants(unforced: list[int], ops: list[Op]):
+def variants(unforced: list[int], ops: list[Op], max_cuts: int = MAX_CUTS):
     """(persisted subset, {write index: bytes kept}) of the operations no fsync forces."""
     every = frozenset(unforced)
     yield every, {}
@@ -259,7 +280,7 @@ def variants(unforced: list[int], ops: list[Op]):
         yield frozenset({u}), {}
         if ops[u].kind == "write":  # cut at a block boundary: at each of them, or at MAX_CUTS spread evenly
             blocks = (len(ops[u].data) - 1) // BLOCK
-            for b in sorted({round(j * blocks / MAX_CUTS) for j in range(MAX_CUTS + 1)} if blocks > MAX_CUTS
+            for b in sorted({round(j * blocks / max_cuts) for j in range(max_cuts + 1)} if blocks > max_cuts
                             else range(blocks + 1)):
                 yield every, {u: b * BLOCK}
 
@@ -311,10 +332,11 @@ def materialize(initial: dict, ops: list[Op], persisted) -> dict:
     return tree
 
 
-def crash_states(recorder: Recorder, latest_first: bool = False):
+def crash_states(recorder: Recorder, latest_first: bool = False, max_cuts: int = MAX_CUTS):
     """(crash point, the committed trees so far, the tree) of every distinct state a crash may leave: after
     each operation, every variant of what the unforced operations left (LATEST_FIRST: the last crash points
-    first, where a commit has been reported: what a control that looks for one failing state wants)."""
+    first, where a commit has been reported: what a control that looks for one failing state wants; MAX_CUTS:
+    the lengths at most at which each write is cut)."""
     ops = coalesced(recorder.ops)
     seen = set()
     for k in reversed(range(len(ops) + 1)) if latest_first else range(len(ops) + 1):
@@ -323,7 +345,7 @@ def crash_states(recorder: Recorder, latest_first: bool = False):
         durable = forced(ops, k)
         unforced = [i for i in range(k) if not durable[i]]
         committed = [op for op in ops[:k] if op.kind == "mark"]
-        for subset, cuts in variants(unforced, ops):
+        for subset, cuts in variants(unforced, ops, max_cuts):
             def persisted(i, subset=subset, cuts=cuts):
                 if i >= k:
                     return False

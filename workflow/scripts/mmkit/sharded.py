@@ -122,6 +122,7 @@ def _commit(tmp: Path, path: Path, entries: dict) -> None:
     for f in tmp.iterdir():
         fsync_path(f)
     fsync_path(tmp)
+    fsync_path(path.parent)  # the new directory's own entry: durable before the committed one moves aside
     if path.exists():  # a directory cannot be renamed over another: the old one goes aside first (recover())
         old = _old(path)
         shutil.rmtree(old, ignore_errors=True)

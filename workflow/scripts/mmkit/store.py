@@ -157,6 +157,10 @@ def resume(path, live: entries.TrainingState, expected: entries.Expected, last_s
            seed: int, allow_mismatch=False, reshard=False) -> None:
     """A new run continues from the resume at PATH: its fingerprint compared, every entry checked, then put
     into LIVE, except what the ABLATIONS (mmkit.resume.Ablation) throw away or re-derive."""
+    swap = [Path(f"{path}{end}") for end in (".tmp", ".old")]
+    if live.ranks.main and not Path(path).exists() and any(p.is_dir() for p in swap):
+        recovered(path)  # a --save-resume onto this name, killed in its directory swap
+    live.ranks.barrier()
     source = describe(path)
     if live.ranks.sharded and not is_dir(path):
         raise UserError(f"resume file {path} holds whole tensors; an fsdp2 run continues from a resume "
@@ -191,6 +195,21 @@ def resume(path, live: entries.TrainingState, expected: entries.Expected, last_s
                    + ["--allow-mismatch"] * allow_mismatch}
 
 
+def recovered(path) -> None:
+    """PATH as a re-save's directory swap onto it left it, made whole (mmkit.sharded.recover), with a line."""
+    done = _sharded().recover(path)
+    if done:
+        print(f"checkpoints: {done}", file=sys.stderr, flush=True)
+
+
+def tidy(checkpoints) -> None:
+    """Rank 0, before auto-resume reads a checkpoint folder: each interrupted swap finished or undone, then
+    what killed saves left removed."""
+    for name in checkpoints.interrupted_swaps():
+        recovered(name)
+    checkpoints.clear_unfinished()
+
+
 def auto_resume(checkpoints, live: entries.TrainingState, expected: entries.Expected, last_step: int) -> bool:
     """Continue from the newest checkpoint of this very run (its fingerprint and origin); True if one was found.
 
@@ -199,11 +218,7 @@ def auto_resume(checkpoints, live: entries.TrainingState, expected: entries.Expe
     """
     ranks = live.ranks
     if ranks.main:
-        for name in checkpoints.interrupted_swaps():
-            done = _sharded().recover(name)
-            if done:
-                print(f"checkpoints: {done}", file=sys.stderr, flush=True)
-        checkpoints.clear_unfinished()
+        tidy(checkpoints)
     for path in ranks.share(checkpoints.checkpoints()):
         refusal = None
         try:
