@@ -127,6 +127,11 @@ BREAKAGES = [
     Breakage("fingerprint: the code hashed with its comments", M + "fingerprint.py", "code_digests",
              "if t.type not in (tokenize.COMMENT, tokenize.NL)", "if True",
              (T + "test_bad_input.py::test_a_resume_from_other_training_code_is_refused_naming_the_module",)),
+    Breakage("a bad command line answered with argparse's usage block", M + "errors.py", "OneLineParser.error",
+             'self.exit(2, f"error: {self.prog}: {message} (--help lists the options)\\n")',
+             "super().error(message)",
+             (T + "test_bad_input.py::test_any_malformed_command_line_of_run_py_is_one_line_and_exit_2_and_nothing_is"
+                  "_written",)),
     Breakage("fingerprint: nested keys not compared", M + "fingerprint.py", "diff",
              'diffs += diff(a, b, f"{prefix}{k}.")', "pass",
              (T + "test_resume_contents.py::test_a_resume_file_from_other_settings_is_refused_for_each_fingerprint_key"

@@ -373,3 +373,55 @@ def test_any_malformed_setting_is_one_line_and_exit_2_and_nothing_is_written(tmp
         assert "Traceback" not in err.getvalue()
 
     check()
+
+
+def test_any_malformed_command_line_of_run_py_is_one_line_and_exit_2_and_nothing_is_written(tmp_path_factory):
+    """Catches: a bad command line answered with argparse's usage block (two lines or more) or a traceback,
+    or one that writes a file before it is refused; property-based, 300 examples, each one defect among
+    well-formed options in any order."""
+    import contextlib
+    import importlib.util
+    import io
+
+    from conftest import SCRIPTS
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    from mmkit.errors import run_cli
+    from mmkit.resume import ABLATIONS
+
+    spec = importlib.util.spec_from_file_location("run_under_test", SCRIPTS / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    folder = tmp_path_factory.mktemp("command-lines")
+    (folder / "config.yaml").write_text(yaml.safe_dump(tiny_config()))
+    np.save(folder / "tokens.npy", np.arange(1000, dtype=np.uint16))
+    before = sorted(p.name for p in folder.iterdir())
+    well_formed = [["--config", "config.yaml"], ["--tokens", "tokens.npy"], ["--out", "out.pth"],
+                   ["--loss-log", "loss.csv"], ["--checkpoint-dir", "checkpoints"], ["--timing", "timing.json"],
+                   ["--allow-mismatch"], ["--stop-at", "3"]]
+    defects = [["--bogus"], ["--stop-at", "three"], ["--config", "missing.yaml"], ["--reshard"],
+               ["--minimind-rescale", "--resume", "resume.pth"], ["--out", "x", "extra-positional"],
+               *([a.flag] for a in ABLATIONS.values())]  # an ablation, or --reshard, without --resume
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(st.lists(st.sampled_from(well_formed), unique_by=lambda o: o[0], max_size=len(well_formed)),
+           st.sampled_from(defects), st.randoms(use_true_random=False), st.booleans())
+    def check(options, defect, order, value_missing):
+        groups = [*options, defect]
+        order.shuffle(groups)
+        argv = [token for group in groups for token in group]
+        if value_missing:  # an option left without its value at the end of the line
+            argv.append(order.choice(["--config", "--out", "--stop-at", "--tokens"]))
+        err = io.StringIO()
+        with contextlib.chdir(folder), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as ended:
+            sys.argv = ["run.py", *argv]
+            run_cli(run.main)
+        lines = err.getvalue().strip().splitlines()
+        assert ended.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (argv, lines)
+        assert sorted(p.name for p in folder.iterdir()) == before, argv
+
+    argv = sys.argv
+    try:
+        check()
+    finally:
+        sys.argv = argv

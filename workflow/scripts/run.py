@@ -29,7 +29,7 @@ from mmkit.atomic import write_text_atomic  # noqa: E402
 from mmkit.checkpoint import save_atomic  # noqa: E402
 from mmkit.config import load_config, run_config  # noqa: E402
 from mmkit.data import StepPlan, TrainingData  # noqa: E402
-from mmkit.errors import Preempted, UserError, run_cli  # noqa: E402
+from mmkit.errors import OneLineParser, Preempted, UserError, run_cli  # noqa: E402
 from mmkit.failpoint import failpoint  # noqa: E402
 from mmkit.hardware import cpu_vendor, isa_summary, resolve_precision  # noqa: E402
 from mmkit.parallel import start, weights  # noqa: E402
@@ -38,7 +38,7 @@ from mmkit.train import build, make_deterministic, train  # noqa: E402
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="config YAML: config.yaml, or a job's settings file")
     p.add_argument("--tokens", help="training tokens, 1-D integer .npy (data.format: windows)")
     p.add_argument("--jsonl", help='training documents, {"text": ...} per line (data.format: minimind)')

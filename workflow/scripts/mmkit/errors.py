@@ -1,10 +1,19 @@
 """The errors a user can fix: scripts print them as a single line and exit non-zero (2; 3 for NaN/Inf)."""
 
+import argparse
 import os
 import sys
 
 # called after main() returns: the config loader logs which keys the job read
 AT_SUCCESS = []
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser, except that a bad command line is one line and exit 2, as every other bad input
+    (argparse prints the usage first: two lines, or more)."""
+
+    def error(self, message):
+        self.exit(2, f"error: {self.prog}: {message} (--help lists the options)\n")
 
 
 class UserError(Exception):
