@@ -91,9 +91,11 @@ def test_a_plain_loop_that_forgets_its_generator_is_named_samples_at_the_first_r
     checkpoint (--lose 2: the steps lost between them are trained again), a verdict of exact on a forgotten
     shuffle order (the cut is in the second epoch: a fresh generator draws the first epoch's order again)."""
     proc, verdict = certify(tmp_path / "forgets", 10, PLAIN, "--resume {run}/step_{step}.pt --forget generator",
-                            "--lose", "2")
+                            "--lose", "2", "--repair")
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert (verdict["first"]["step"], verdict["first"]["rank"], verdict["first"]["piece"]) == (11, 0, "samples")
+    assert verdict["repair"]["restored"] is None  # samples first: no RNG repair tried, and none run
+    assert not (tmp_path / "forgets" / "repaired").exists()
     assert verdict["killed_at"] == {"0": 13} and verdict["steps"]["stopped"] == {"0": [1, 12]}
     weights = final_checkpoint(tmp_path / "forgets", "step_16.pt")
     assert not same_state_dict(weights["straight"]["model"], weights["resumed"]["model"])
@@ -112,16 +114,22 @@ def test_an_emptied_optimizer_state_is_named_optimizer_state(tmp_path):
     assert verdict["first"]["pieces"] == {"0": ["optimizer", "params"]}
 
 
-def test_ddp_under_torchrun_that_forgets_rank_1s_rng_is_named_rank_1_rng(tmp_path):
+def test_ddp_under_torchrun_that_forgets_rank_1s_rng_is_named_rank_1_rng_and_the_repair_confirms_it(tmp_path):
     """Catches: one rank's certificate only, a rank named by its number rather than by the earliest piece
     (rank 0 differs at the same step, in the gradients the all-reduce carried over), a kill that leaves a
-    rank or torchrun running."""
+    rank or torchrun running; a repair that restores the RNG states at the wrong point or of the wrong rank
+    (the repaired run, a fourth process group, must then match the straight run at every step)."""
     command = [*TORCHRUN, REPO / "examples" / "plain_loop.py", "--dropout", "0.1", "--out", "{run}", "--steps", "6"]
-    proc, verdict = certify(tmp_path, 4, command, "--resume {run}/step_{step}.pt --forget rng-rank1")
+    proc, verdict = certify(tmp_path, 4, command, "--resume {run}/step_{step}.pt --forget rng-rank1", "--repair")
     assert proc.returncode == 1, proc.stderr[-2000:]
     first = verdict["first"]
     assert (first["step"], first["rank"], first["piece"]) == (5, 1, "rng_torch")
     assert first["pieces"]["0"][0] == "gradients"
+    assert verdict["repair"] == {"restored": "rng", "exact": True, "first": None}
+    weights = {run: torch.load(tmp_path / "runs" / run / "step_6.pt", weights_only=True)
+               for run in ("straight", "resumed", "repaired")}
+    assert_same_state_dict(weights["straight"]["model"], weights["repaired"]["model"])
+    assert not same_state_dict(weights["straight"]["model"], weights["resumed"]["model"])
     assert set(verdict["steps"]["straight"]) == {"0", "1"}
     assert "plain_loop.py" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 

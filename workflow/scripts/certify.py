@@ -17,16 +17,20 @@ from certkit.verdict import headline
 
 def main(argv: list) -> int:
     split = argv.index("--") if "--" in argv else len(argv)
-    p = argparse.ArgumentParser(usage="certify.py --out DIR --stop-after K [--resume ARGS] [--lose N] -- COMMAND ...",
+    p = argparse.ArgumentParser(usage="certify.py --out DIR --stop-after K [--resume ARGS] [--lose N] [--repair] -- COMMAND ...",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, type=Path, help="the verdict, the certificates, the logs and the runs")
     p.add_argument("--stop-after", required=True, type=int, help="K: the step whose checkpoint the resume starts from")
     p.add_argument("--resume", default="", help="arguments added to COMMAND to resume from step K's checkpoint")
     p.add_argument("--lose", type=int, default=0, help="kill N steps after K instead, losing them as a crash does")
     p.add_argument("--timeout", type=float, default=3600, help="seconds each run may take")
+    p.add_argument("--repair", action="store_true", help="where the first difference is an RNG, resume once more "
+                   "with the straight run's RNG states put back at step K+1: exact then means they were all the "
+                   "checkpoint forgot")
     args = p.parse_args(argv[:split])
     try:
-        found = certify(argv[split + 1:], args.resume, args.out, args.stop_after, args.lose, args.timeout)
+        found = certify(argv[split + 1:], args.resume, args.out, args.stop_after, args.lose, args.timeout,
+                        args.repair)
     except CannotJudge as e:
         print(f"certify: {e}", file=sys.stderr)
         if e.log is not None and e.log.exists():

@@ -1,7 +1,7 @@
 """The recorder: a row per optimizer step of an unmodified training process, and the kill of a stopped run.
 
 Loaded by certkit/site/sitecustomize.py once the process imports torch, it registers torch's global hooks
-and nothing else; they observe and never change what the process computes:
+and nothing else; they observe and never change what the process computes (but for a repair, below):
   - a forward pre-hook and forward hook on every module: what the outermost module with trainable
     parameters received, under grad mode, since the last step (several forwards under accumulation);
   - an optimizer step pre-hook: the RNG states, the gradients, each group's LR; at CERTIFY_KILL_AT, the kill;
@@ -16,10 +16,15 @@ model inside the batch, so they show as samples.
   CERTIFY_RECORD       the folder of this run's certificates (unset: the recorder stays out of the way)
   CERTIFY_STEP_OFFSET  the step the process starts after (a resumed run: K)
   CERTIFY_KILL_AT      SIGKILL the process group at this step's pre-hook, before its update
+  CERTIFY_KEEP_RNG     the straight run: at the first training forward after this step, the global RNGs'
+                       raw states are kept (rank<R>.rng.pt beside the certificate)
+  CERTIFY_RESTORE_RNG  a repair: that folder's states put back at the same point of a resumed run, the one
+                       thing the recorder ever changes (certify --repair)
 """
 
 import json
 import os
+import random
 import signal
 import threading
 import weakref
@@ -40,8 +45,12 @@ def _rank() -> int:
 
 
 class Recorder:
-    def __init__(self, folder: str, offset: int = 0, kill_at: int | None = None):
+    def __init__(self, folder: str, offset: int = 0, kill_at: int | None = None, keep_rng: int | None = None,
+                 restore_rng: str | None = None):
         self.folder, self.step, self.kill_at = Path(folder), offset, kill_at
+        # the RNGs' raw states at the first training forward after step K: kept, or put back (a repair)
+        self.rng_at = offset if restore_rng else keep_rng
+        self.restore_rng = Path(restore_rng) if restore_rng else None
         self.inputs, self.row, self.file = [], None, None
         self.local = threading.local()  # forward nesting depth, per thread
         self.trainable = weakref.WeakKeyDictionary()
@@ -79,6 +88,18 @@ class Recorder:
         self.local.depth = depth + 1
         if depth == 0:
             self.local.outer = self._is_training_call(module)
+            if self.local.outer and self.rng_at is not None and self.step == self.rng_at:
+                self.rng_at = None
+                self._keep_or_restore_rng()
+
+    def _keep_or_restore_rng(self) -> None:
+        import torch
+
+        if self.restore_rng is None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            torch.save(raw_rng_states(), self.folder / f"rank{_rank()}.rng.pt")
+        else:
+            set_raw_rng_states(torch.load(self.restore_rng / f"rank{_rank()}.rng.pt", weights_only=True))
 
     def _leave(self, module, args, kwargs, output) -> None:
         self.local.depth -= 1
@@ -133,9 +154,37 @@ class Recorder:
         self.file.flush()
 
 
+def raw_rng_states() -> dict:
+    """The global RNGs' states as plain data a weights_only load reads back (numpy's keys as a tensor)."""
+    import numpy as np
+    import torch
+
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    states = {"torch": torch.get_rng_state(), "python": [version, list(internal), gauss],
+              "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached]}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_raw_rng_states(states: dict) -> None:
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(states["torch"])
+    name, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in states:
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
 def from_environment() -> Recorder | None:
     folder = os.environ.get("CERTIFY_RECORD")
     if not folder:
         return None
-    kill_at = os.environ.get("CERTIFY_KILL_AT")
-    return Recorder(folder, int(os.environ.get("CERTIFY_STEP_OFFSET", 0)), int(kill_at) if kill_at else None)
+    number = {k: int(os.environ[k]) if os.environ.get(k) else None for k in ("CERTIFY_KILL_AT", "CERTIFY_KEEP_RNG")}
+    return Recorder(folder, int(os.environ.get("CERTIFY_STEP_OFFSET", 0)), number["CERTIFY_KILL_AT"],
+                    number["CERTIFY_KEEP_RNG"], os.environ.get("CERTIFY_RESTORE_RNG"))

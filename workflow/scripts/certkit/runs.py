@@ -18,8 +18,8 @@ from . import verdict
 
 SITE = Path(__file__).parent / "site"
 MARK = ".certify"  # a folder certify made: its own files in it may be replaced
-OWN = ("straight", "stopped", "resumed", "runs", "straight.log", "stopped.log", "resumed.log", "verdict.json",
-       "verdict.md", "parting.svg")
+OWN = ("straight", "stopped", "resumed", "repaired", "runs", "straight.log", "stopped.log", "resumed.log",
+       "repaired.log", "verdict.json", "verdict.md", "parting.svg")
 
 
 class CannotJudge(Exception):
@@ -85,9 +85,26 @@ def missing_checkpoint(resume: list, run: Path, step: int) -> str | None:
     return None
 
 
-def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 0, timeout: float = 3600) -> dict:
+def repaired(found: dict, straight: dict, run) -> dict:
+    """{restored, exact, first} of the repair RUN() (a resumed run with the straight run's RNG states put back
+    at step K + 1), or why there is none: the first difference is not an RNG, or the resume is exact."""
+    first = found["first"]
+    if first is None or not first["piece"].startswith("rng_"):
+        piece = "none" if first is None else verdict.NAMES[first["piece"]]
+        return {"restored": None, "why": f"the first difference is {piece}: certify restores only the RNG states"}
+    code, rows, _ = run()
+    if code != 0 or not rows:
+        return {"restored": "rng", "exact": False, "first": None, "why": f"the repaired run failed (exit {code})"}
+    again = verdict.first_difference(straight, rows, range(found["stop_after"] + 1, found["last_step"] + 1),
+                                     found["not_compared"])
+    return {"restored": "rng", "exact": again is None, "first": again}
+
+
+def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 0, timeout: float = 3600,
+            repair: bool = False) -> dict:
     """The verdict on COMMAND's resume (verdict.judge's dict), with verdict.json, verdict.md and parting.svg
-    written to OUT. Raises CannotJudge."""
+    written to OUT. REPAIR: where the first difference is an RNG, one more resumed run with the straight run's
+    RNG states put back at step K + 1 says whether they were all the checkpoint forgot. Raises CannotJudge."""
     if stop_after < 1 or lose < 0:
         raise CannotJudge(f"--stop-after must be at least 1 and --lose at least 0 (got {stop_after}, {lose})")
     if not command:
@@ -105,7 +122,7 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
         code = execute(name, substitute(argv, out / "runs" / folder, stop_after), env, out, timeout)
         return code, *verdict.read(out / name)
 
-    code, straight, _ = run("straight", command, "straight")
+    code, straight, _ = run("straight", command, "straight", CERTIFY_KEEP_RNG=stop_after)
     if code != 0:
         raise CannotJudge(f"the straight run failed (exit {code}): {last_line(out / 'straight.log')}",
                           out / "straight.log")
@@ -124,6 +141,8 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
     if path:
         raise CannotJudge(f"no checkpoint {path}: the stopped run saved none at step {stop_after} "
                           "(does the command save one there?)", out / "stopped.log")
+    if repair:  # the repair resumes from the same checkpoint, whatever the resumed run then writes beside it
+        shutil.copytree(out / "runs" / "resumed", out / "runs" / "repaired", symlinks=True)
     code, resumed, _ = run("resumed", command + resume_args, "resumed", CERTIFY_STEP_OFFSET=stop_after)
     if code != 0:
         raise CannotJudge(f"resume failed: {last_line(out / 'resumed.log')}", out / "resumed.log")
@@ -134,6 +153,10 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
         b = found["before_kill"]
         raise CannotJudge(f"the command does not repeat itself: its straight and stopped runs differ at step "
                           f"{b['step']}, rank {b['rank']} ({verdict.NAMES[b['piece']]}), before any stop")
+    if repair:
+        found["repair"] = repaired(found, straight, lambda: run("repaired", command + resume_args, "repaired",
+                                                                   CERTIFY_STEP_OFFSET=stop_after,
+                                                                   CERTIFY_RESTORE_RNG=out / "straight"))
     found.update(command=command, resume=resume, lose=lose)
     verdict.write_atomic(out / "verdict.json", json.dumps(found, indent=1) + "\n")
     verdict.write_atomic(out / "verdict.md", verdict.markdown(found, shlex.join(command), resume, lose))

@@ -109,6 +109,15 @@ def markdown(v: dict, command: str, resume: str, lose: int) -> str:
                   "state, parameters):", ""]
         lines += [f"- rank {r}: " + ", ".join(NAMES[p] for p in pieces) for r, pieces in sorted(f["pieces"].items())]
         lines.append("")
+    repair = v.get("repair")
+    if repair and repair["restored"]:
+        again = repair["first"]
+        lines += ["Repair: resumed once more with the straight run's RNG states put back at the first forward of "
+                  f"step {v['stop_after'] + 1}: " + ("**exact**, so the RNG states are all the checkpoint forgot."
+                  if repair["exact"] else "still not exact" + (f", first at step {again['step']}, rank "
+                  f"{again['rank']}: {NAMES[again['piece']]}" if again else f" ({repair.get('why')})") + "."), ""]
+    elif repair:
+        lines += [f"Repair: none tried ({repair['why']}).", ""]
     killed = ", ".join(f"rank {r} at step {s}" for r, s in sorted(v["killed_at"].items()))
     lines += ["| run | optimizer steps, per rank |", "|---|---|"]
     for run in ("straight", "stopped", "resumed"):
