@@ -274,6 +274,9 @@ BREAKAGES = [
              (T + "test_pipeline.py::test_every_number_in_the_summary_is_recomputed_from_the_artifacts",),
              ("results/summary.md",)),
     # certify (workflow/scripts/certkit)
+    Breakage("certify --repair: the straight run's inputs read but never put back", C + "recorder.py",
+             "Recorder._replay_inputs", "ours.copy_(theirs)", "pass",
+             (T + "test_certify.py::test_a_plain_loop_that_forgets_its_generator_is_named_samples_at_the_first_resumed_step",)),
     Breakage("certify --repair: each rank given rank 0's RNG states", C + "recorder.py", "Recorder._keep_or_restore_rng",
              'set_raw_rng_states(torch.load(self.restore_rng / f"rank{_rank()}.rng.pt"',
              'set_raw_rng_states(torch.load(self.restore_rng / "rank0.rng.pt"',

@@ -94,8 +94,10 @@ def test_a_plain_loop_that_forgets_its_generator_is_named_samples_at_the_first_r
                             "--lose", "2", "--repair")
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert (verdict["first"]["step"], verdict["first"]["rank"], verdict["first"]["piece"]) == (11, 0, "samples")
-    assert verdict["repair"]["restored"] is None  # samples first: no RNG repair tried, and none run
-    assert not (tmp_path / "forgets" / "repaired").exists()
+    # the straight run's inputs replayed into a fourth run: exact, and its weights are the straight run's
+    assert verdict["repair"] == {"restored": ["samples"], "exact": True, "first": None}
+    repaired = torch.load(tmp_path / "forgets" / "runs" / "repaired" / "step_16.pt", weights_only=True)
+    assert_same_state_dict(final_checkpoint(tmp_path / "forgets", "step_16.pt")["straight"]["model"], repaired["model"])
     assert verdict["killed_at"] == {"0": 13} and verdict["steps"]["stopped"] == {"0": [1, 12]}
     weights = final_checkpoint(tmp_path / "forgets", "step_16.pt")
     assert not same_state_dict(weights["straight"]["model"], weights["resumed"]["model"])
@@ -125,7 +127,7 @@ def test_ddp_under_torchrun_that_forgets_rank_1s_rng_is_named_rank_1_rng_and_the
     first = verdict["first"]
     assert (first["step"], first["rank"], first["piece"]) == (5, 1, "rng_torch")
     assert first["pieces"]["0"][0] == "gradients"
-    assert verdict["repair"] == {"restored": "rng", "exact": True, "first": None}
+    assert verdict["repair"] == {"restored": ["rng"], "exact": True, "first": None}
     weights = {run: torch.load(tmp_path / "runs" / run / "step_6.pt", weights_only=True)
                for run in ("straight", "resumed", "repaired")}
     assert_same_state_dict(weights["straight"]["model"], weights["repaired"]["model"])
@@ -144,10 +146,15 @@ def test_a_trainer_script_under_torchrun_and_a_lightning_script_get_verdicts(tmp
     assert verdict["steps"]["straight"] == {"0": [1, 6], "1": [1, 6]}
     lightning = [sys.executable, REPO / "examples" / "lightning_script.py", "--out", "{run}", "--max_steps", "6",
                  "--every", "3"]
-    proc, verdict = certify(tmp_path / "lightning", 3, lightning, "--ckpt_path {run}/step={step}.ckpt")
+    proc, verdict = certify(tmp_path / "lightning", 3, lightning, "--ckpt_path {run}/step={step}.ckpt", "--repair")
     # Lightning restores no position inside an epoch of a plain DataLoader: the next batch is another
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert (verdict["first"]["step"], verdict["first"]["piece"]) == (4, "samples")
+    # Lightning steps with a closure, which runs the forward inside optimizer.step: each row still holds its
+    # own step's one forward (not the one before), so the replayed inputs make the repaired run exact
+    rows = [json.loads(line) for line in (tmp_path / "lightning" / "straight" / "rank0.jsonl").read_text().splitlines()]
+    assert [r["forwards"] for r in rows] == [1] * 6
+    assert verdict["repair"] == {"restored": ["samples"], "exact": True, "first": None}
 
 
 NO_STEP = [sys.executable, "-c", "import torch; print(torch.ones(2).sum())"]

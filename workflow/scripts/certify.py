@@ -24,9 +24,9 @@ def main(argv: list) -> int:
     p.add_argument("--resume", default="", help="arguments added to COMMAND to resume from step K's checkpoint")
     p.add_argument("--lose", type=int, default=0, help="kill N steps after K instead, losing them as a crash does")
     p.add_argument("--timeout", type=float, default=3600, help="seconds each run may take")
-    p.add_argument("--repair", action="store_true", help="where the first difference is an RNG, resume once more "
-                   "with the straight run's RNG states put back at step K+1: exact then means they were all the "
-                   "checkpoint forgot")
+    p.add_argument("--repair", action="store_true", help="where the first difference is samples or an RNG, resume "
+                   "again with the straight run's model inputs or RNG states put back by hand: exact then means "
+                   "they were all the checkpoint forgot")
     args = p.parse_args(argv[:split])
     try:
         found = certify(argv[split + 1:], args.resume, args.out, args.stop_after, args.lose, args.timeout,

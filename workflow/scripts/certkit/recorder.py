@@ -4,7 +4,8 @@ Loaded by certkit/site/sitecustomize.py once the process imports torch, it regis
 and nothing else; they observe and never change what the process computes (but for a repair, below):
   - a forward pre-hook and forward hook on every module: what the outermost module with trainable
     parameters received, under grad mode, since the last step (several forwards under accumulation);
-  - an optimizer step pre-hook: the RNG states, the gradients, each group's LR; at CERTIFY_KILL_AT, the kill;
+  - an optimizer step pre-hook: the RNG states, the gradients, each group's LR; at CERTIFY_KILL_AT, the kill
+    (under step(closure), where the forward and backward run inside the step: when the closure returns);
   - an optimizer step post-hook: the parameters and the optimizer state after the update, the GradScaler's
     scale; then the row is written (CERTIFY_RECORD/rank<R>.jsonl, a line per step, flushed).
 
@@ -18,8 +19,12 @@ model inside the batch, so they show as samples.
   CERTIFY_KILL_AT      SIGKILL the process group at this step's pre-hook, before its update
   CERTIFY_KEEP_RNG     the straight run: at the first training forward after this step, the global RNGs'
                        raw states are kept (rank<R>.rng.pt beside the certificate)
-  CERTIFY_RESTORE_RNG  a repair: that folder's states put back at the same point of a resumed run, the one
-                       thing the recorder ever changes (certify --repair)
+  CERTIFY_RESTORE_RNG  a repair: that folder's states put back at the same point of a resumed run
+  CERTIFY_KEEP_INPUTS  the straight run under --repair: the model's inputs of every training forward after
+                       this step kept (rank<R>.inputs.pt)
+  CERTIFY_REPLAY_INPUTS  a repair: each training forward after K gets that folder's inputs, copied into its
+                       own tensors in place. The repairs are the only times the recorder changes what a
+                       process computes (certify --repair)
 """
 
 import json
@@ -46,11 +51,15 @@ def _rank() -> int:
 
 class Recorder:
     def __init__(self, folder: str, offset: int = 0, kill_at: int | None = None, keep_rng: int | None = None,
-                 restore_rng: str | None = None):
+                 restore_rng: str | None = None, keep_inputs: int | None = None, replay_inputs: str | None = None):
         self.folder, self.step, self.kill_at = Path(folder), offset, kill_at
         # the RNGs' raw states at the first training forward after step K: kept, or put back (a repair)
         self.rng_at = offset if restore_rng else keep_rng
         self.restore_rng = Path(restore_rng) if restore_rng else None
+        # the model's inputs after step K: kept (KEEP_INPUTS), or replayed from a kept list (a repair)
+        self.keep_inputs, self.kept = keep_inputs, []
+        self.replay = Path(replay_inputs) if replay_inputs else None
+        self.replayed = None
         self.inputs, self.row, self.file = [], None, None
         self.local = threading.local()  # forward nesting depth, per thread
         self.trainable = weakref.WeakKeyDictionary()
@@ -88,9 +97,29 @@ class Recorder:
         self.local.depth = depth + 1
         if depth == 0:
             self.local.outer = self._is_training_call(module)
+            if self.local.outer and self.replay is not None:
+                self._replay_inputs(args)
             if self.local.outer and self.rng_at is not None and self.step == self.rng_at:
                 self.rng_at = None
                 self._keep_or_restore_rng()
+
+    def _replay_inputs(self, args) -> None:
+        """This forward's tensors overwritten, in place, with the straight run's of the same forward after K.
+        A hook sees only the positional arguments: the keyword ones are those of torch's call frame above."""
+        import sys
+
+        import torch
+
+        if self.replayed is None:
+            self.replayed = iter(torch.load(self.replay / f"rank{_rank()}.inputs.pt", weights_only=True))
+        reference = next(self.replayed, None)
+        kwargs = sys._getframe(2).f_locals.get("kwargs", {})
+        if reference is None:
+            return
+        for ours, theirs in zip(tensors_in([args, kwargs]), reference):
+            if ours.shape == theirs.shape and ours.dtype == theirs.dtype:
+                with torch.no_grad():
+                    ours.copy_(theirs)
 
     def _keep_or_restore_rng(self) -> None:
         import torch
@@ -105,6 +134,8 @@ class Recorder:
         self.local.depth -= 1
         if self.local.depth == 0 and self.local.outer:
             self.inputs.append(digest.of_object([args, kwargs]))
+            if self.keep_inputs is not None and self.step >= self.keep_inputs:
+                self.kept.append([t.detach().cpu().clone() for t in tensors_in([args, kwargs])])
 
     def _is_training_call(self, module) -> bool:
         import torch
@@ -117,9 +148,25 @@ class Recorder:
 
     # --- the optimizer step ----------------------------------------------------------------------
 
-    def _before_step(self, optimizer, args, kwargs) -> None:
+    def _before_step(self, optimizer, args, kwargs):
         if self.row is not None:  # an optimizer stepping another inside its own step: one row
-            return
+            return None
+        closure = kwargs["closure"] if "closure" in kwargs else args[0] if args else None
+        if not callable(closure):
+            return self._take_row(optimizer)
+        # step(closure), as Lightning steps: the forward and backward run inside the step, so the row is taken
+        # when the closure first returns, with what the update will read (the closure is otherwise untouched)
+        taken = []
+
+        def recorded(*a, **k):
+            result = closure(*a, **k)
+            if not taken:
+                taken.append(self._take_row(optimizer))
+            return result
+
+        return (args, {**kwargs, "closure": recorded}) if "closure" in kwargs else ((recorded, *args[1:]), kwargs)
+
+    def _take_row(self, optimizer) -> None:
         step = self.step + 1
         if self.kill_at is not None and step >= self.kill_at:
             self._write({"killed": step})
@@ -143,6 +190,10 @@ class Recorder:
             row["scale"] = scales
         self.step = row["step"]
         self._write(row)
+        if self.kept:  # all of them, each step: a run may end without a goodbye
+            import torch
+
+            torch.save(self.kept, self.folder / f"rank{self.rank}.inputs.pt")
 
     def _write(self, row: dict) -> None:
         if self.file is None:
@@ -152,6 +203,19 @@ class Recorder:
             self.rank = rank
         self.file.write(json.dumps({"rank": self.rank, **row}) + "\n")
         self.file.flush()
+
+
+def tensors_in(obj) -> list:
+    """The tensors of a call's arguments, in the order the digest walks them."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for key in sorted(obj, key=repr) for t in tensors_in(obj[key])]
+    if isinstance(obj, (list, tuple)):
+        return [t for item in obj for t in tensors_in(item)]
+    return []
 
 
 def raw_rng_states() -> dict:
@@ -185,6 +249,8 @@ def from_environment() -> Recorder | None:
     folder = os.environ.get("CERTIFY_RECORD")
     if not folder:
         return None
-    number = {k: int(os.environ[k]) if os.environ.get(k) else None for k in ("CERTIFY_KILL_AT", "CERTIFY_KEEP_RNG")}
+    number = {k: int(os.environ[k]) if os.environ.get(k) else None
+              for k in ("CERTIFY_KILL_AT", "CERTIFY_KEEP_RNG", "CERTIFY_KEEP_INPUTS")}
     return Recorder(folder, int(os.environ.get("CERTIFY_STEP_OFFSET", 0)), number["CERTIFY_KILL_AT"],
-                    number["CERTIFY_KEEP_RNG"], os.environ.get("CERTIFY_RESTORE_RNG"))
+                    number["CERTIFY_KEEP_RNG"], os.environ.get("CERTIFY_RESTORE_RNG"), number["CERTIFY_KEEP_INPUTS"],
+                    os.environ.get("CERTIFY_REPLAY_INPUTS"))

@@ -85,26 +85,34 @@ def missing_checkpoint(resume: list, run: Path, step: int) -> str | None:
     return None
 
 
+def repairable(piece: str) -> str | None:
+    """What a repair restores by hand when PIECE differs first: the model's inputs, or the RNG states."""
+    return "samples" if piece == "samples" else "rng" if piece.startswith("rng_") else None
+
+
 def repaired(found: dict, straight: dict, run) -> dict:
-    """{restored, exact, first} of the repair RUN() (a resumed run with the straight run's RNG states put back
-    at step K + 1), or why there is none: the first difference is not an RNG, or the resume is exact."""
-    first = found["first"]
-    if first is None or not first["piece"].startswith("rng_"):
+    """{restored, exact, first} of repair runs, RUN(pieces) each a resumed run with PIECES of the straight run
+    put back by hand: while the first difference is a piece a repair restores and not restored yet, it is
+    added and the run made again. Exact means those pieces were all the checkpoint forgot."""
+    pieces, first = [], found["first"]
+    while first is not None and repairable(first["piece"]) and repairable(first["piece"]) not in pieces:
+        pieces.append(repairable(first["piece"]))
+        code, rows, _ = run(pieces)
+        if code != 0 or not rows:
+            return {"restored": pieces, "exact": False, "first": None, "why": f"the repaired run failed (exit {code})"}
+        first = verdict.first_difference(straight, rows, range(found["stop_after"] + 1, found["last_step"] + 1),
+                                         found["not_compared"])
+    if not pieces:
         piece = "none" if first is None else verdict.NAMES[first["piece"]]
-        return {"restored": None, "why": f"the first difference is {piece}: certify restores only the RNG states"}
-    code, rows, _ = run()
-    if code != 0 or not rows:
-        return {"restored": "rng", "exact": False, "first": None, "why": f"the repaired run failed (exit {code})"}
-    again = verdict.first_difference(straight, rows, range(found["stop_after"] + 1, found["last_step"] + 1),
-                                     found["not_compared"])
-    return {"restored": "rng", "exact": again is None, "first": again}
+        return {"restored": [], "why": f"the first difference is {piece}: a repair restores samples and RNG states"}
+    return {"restored": pieces, "exact": first is None, "first": first}
 
 
 def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 0, timeout: float = 3600,
             repair: bool = False) -> dict:
     """The verdict on COMMAND's resume (verdict.judge's dict), with verdict.json, verdict.md and parting.svg
-    written to OUT. REPAIR: where the first difference is an RNG, one more resumed run with the straight run's
-    RNG states put back at step K + 1 says whether they were all the checkpoint forgot. Raises CannotJudge."""
+    written to OUT. REPAIR: where the first difference is samples or an RNG, resumed runs with the straight
+    run's inputs or RNG states put back say whether they were all the checkpoint forgot. Raises CannotJudge."""
     if stop_after < 1 or lose < 0:
         raise CannotJudge(f"--stop-after must be at least 1 and --lose at least 0 (got {stop_after}, {lose})")
     if not command:
@@ -122,7 +130,8 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
         code = execute(name, substitute(argv, out / "runs" / folder, stop_after), env, out, timeout)
         return code, *verdict.read(out / name)
 
-    code, straight, _ = run("straight", command, "straight", CERTIFY_KEEP_RNG=stop_after)
+    keep = {"CERTIFY_KEEP_INPUTS": stop_after} if repair else {}  # the model's inputs after K: only for a repair
+    code, straight, _ = run("straight", command, "straight", CERTIFY_KEEP_RNG=stop_after, **keep)
     if code != 0:
         raise CannotJudge(f"the straight run failed (exit {code}): {last_line(out / 'straight.log')}",
                           out / "straight.log")
@@ -141,8 +150,9 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
     if path:
         raise CannotJudge(f"no checkpoint {path}: the stopped run saved none at step {stop_after} "
                           "(does the command save one there?)", out / "stopped.log")
-    if repair:  # the repair resumes from the same checkpoint, whatever the resumed run then writes beside it
-        shutil.copytree(out / "runs" / "resumed", out / "runs" / "repaired", symlinks=True)
+    checkpoint_copy = out / "runs" / "repair-base"
+    if repair:  # each repair resumes from the same checkpoint, whatever the resumed run then writes beside it
+        shutil.copytree(out / "runs" / "resumed", checkpoint_copy, symlinks=True)
     code, resumed, _ = run("resumed", command + resume_args, "resumed", CERTIFY_STEP_OFFSET=stop_after)
     if code != 0:
         raise CannotJudge(f"resume failed: {last_line(out / 'resumed.log')}", out / "resumed.log")
@@ -154,9 +164,15 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
         raise CannotJudge(f"the command does not repeat itself: its straight and stopped runs differ at step "
                           f"{b['step']}, rank {b['rank']} ({verdict.NAMES[b['piece']]}), before any stop")
     if repair:
-        found["repair"] = repaired(found, straight, lambda: run("repaired", command + resume_args, "repaired",
-                                                                   CERTIFY_STEP_OFFSET=stop_after,
-                                                                   CERTIFY_RESTORE_RNG=out / "straight"))
+        def run_repaired(pieces):
+            shutil.rmtree(out / "runs" / "repaired", ignore_errors=True)
+            shutil.copytree(checkpoint_copy, out / "runs" / "repaired", symlinks=True)
+            put_back = {"CERTIFY_RESTORE_RNG": out / "straight"} if "rng" in pieces else {}
+            if "samples" in pieces:
+                put_back["CERTIFY_REPLAY_INPUTS"] = out / "straight"
+            return run("repaired", command + resume_args, "repaired", CERTIFY_STEP_OFFSET=stop_after, **put_back)
+
+        found["repair"] = repaired(found, straight, run_repaired)
     found.update(command=command, resume=resume, lose=lose)
     verdict.write_atomic(out / "verdict.json", json.dumps(found, indent=1) + "\n")
     verdict.write_atomic(out / "verdict.md", verdict.markdown(found, shlex.join(command), resume, lose))

@@ -17,6 +17,8 @@ NAMES = {"missing": "the step itself (one run lacks it)", "samples": "samples (w
          "rng_cuda": "RNG (CUDA)", "gradients": "gradients", "scale": "GradScaler scale", "lr": "LR",
          "optimizer": "optimizer state", "params": "parameters"}
 ORDER = ("missing",) + PIECES
+REPAIRED = {"samples": "the straight run's model inputs (every forward after step K)",
+            "rng": "the straight run's RNG states (at the first forward of step K + 1)"}
 
 
 def read(folder) -> tuple[dict, dict]:
@@ -111,11 +113,12 @@ def markdown(v: dict, command: str, resume: str, lose: int) -> str:
         lines.append("")
     repair = v.get("repair")
     if repair and repair["restored"]:
-        again = repair["first"]
-        lines += ["Repair: resumed once more with the straight run's RNG states put back at the first forward of "
-                  f"step {v['stop_after'] + 1}: " + ("**exact**, so the RNG states are all the checkpoint forgot."
-                  if repair["exact"] else "still not exact" + (f", first at step {again['step']}, rank "
-                  f"{again['rank']}: {NAMES[again['piece']]}" if again else f" ({repair.get('why')})") + "."), ""]
+        again, what = repair["first"], " and ".join(REPAIRED[p] for p in repair["restored"])
+        lines += [f"Repair: resumed again with {what} put back by hand: " + (
+            f"**exact**, so {'they were' if len(repair['restored']) > 1 else 'it was'} all the checkpoint forgot."
+            if repair["exact"] else "still not exact" + (f", first at step {again['step']}, rank {again['rank']}: "
+                                                        f"{NAMES[again['piece']]}" if again else f" ({repair['why']})")
+            + "."), ""]
     elif repair:
         lines += [f"Repair: none tried ({repair['why']}).", ""]
     killed = ", ".join(f"rank {r} at step {s}" for r, s in sorted(v["killed_at"].items()))
