@@ -3,7 +3,9 @@ run (python examples/accelerate_loop.py, or accelerate launch).
 
 https://huggingface.co/docs/accelerate/usage_guides/checkpoint: accelerator.save_state / load_state, and
 skip_first_batches for the batches of the resumed epoch already trained on; the folder step_{k} and the
-resume arithmetic as in https://github.com/huggingface/accelerate/blob/main/examples/by_feature/checkpointing.py.
+resume arithmetic as in https://github.com/huggingface/accelerate/blob/main/examples/by_feature/checkpointing.py
+(k counts optimizer steps, so k * accumulation batches, as in the no_trainer examples); gradient accumulation
+with accelerator.accumulate: https://huggingface.co/docs/accelerate/usage_guides/gradient_accumulation.
 A tiny causal LM on random tokens (tiny_lm.py).
 """
 
@@ -25,29 +27,37 @@ def main():
     p.add_argument("--max_steps", type=int, default=12)
     p.add_argument("--checkpointing_steps", type=int, default=4)
     p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    p.add_argument("--num_workers", type=int, default=0, help="DataLoader worker processes")
+    p.add_argument("--mixed_precision", choices=("no", "bf16", "fp16"), default="no")
     args = p.parse_args()
-    accelerator = Accelerator(cpu=True)
+    accumulation = args.gradient_accumulation_steps
+    accelerator = Accelerator(cpu=True, mixed_precision=args.mixed_precision, gradient_accumulation_steps=accumulation)
     set_seed(0)
     model = TinyLM(args.dropout)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.max_steps)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(random_tokens()), batch_size=4, shuffle=True)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(random_tokens()), batch_size=4, shuffle=True,
+                                         num_workers=args.num_workers)
     model, optimizer, loader, schedule = accelerator.prepare(model, optimizer, loader, schedule)
 
     step, starting_epoch, resume_step = 0, 0, None
     if args.resume_from_checkpoint:
         accelerator.load_state(args.resume_from_checkpoint)
         step = int(Path(args.resume_from_checkpoint).name.split("_")[1])
-        starting_epoch, resume_step = divmod(step, len(loader))
-    for epoch in range(starting_epoch, math.ceil(args.max_steps / len(loader))):
+        starting_epoch, resume_step = divmod(step * accumulation, len(loader))
+    for epoch in range(starting_epoch, math.ceil(args.max_steps * accumulation / len(loader))):
         batches = accelerator.skip_first_batches(loader, resume_step) if epoch == starting_epoch and resume_step \
             else loader
         for (tokens,) in batches:
-            loss = model(tokens)
-            accelerator.backward(loss)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad()
+            with accelerator.accumulate(model):
+                loss = model(tokens)
+                accelerator.backward(loss)
+                optimizer.step()
+                schedule.step()
+                optimizer.zero_grad()
+            if not accelerator.sync_gradients:
+                continue
             step += 1
             if step % args.checkpointing_steps == 0:
                 accelerator.save_state(str(Path(args.output_dir) / f"step_{step}"))

@@ -4,7 +4,9 @@ A ModelCheckpoint every N optimizer steps (every_n_train_steps, save_top_k=-1:
 https://lightning.ai/docs/pytorch/stable/common/checkpointing_intermediate.html), resumed with
 trainer.fit(..., ckpt_path=...) (https://lightning.ai/docs/pytorch/stable/common/checkpointing_basic.html),
 seed_everything and deterministic=True (https://lightning.ai/docs/pytorch/stable/common/trainer.html#reproducibility).
-A tiny causal LM on random tokens (tiny_lm.py).
+--stateful_loader trains on a loader with state_dict() / load_state_dict(), which the fit loop saves in the
+checkpoint and restores in the middle of an epoch: the fix Lightning's docs leave to the user for a plain
+shuffled DataLoader. A tiny causal LM on random tokens (tiny_lm.py).
 """
 
 import argparse
@@ -13,6 +15,8 @@ import lightning as L
 import torch
 
 from tiny_lm import TinyLM, random_tokens
+
+BATCH = 4
 
 
 class TinyLightning(L.LightningModule):
@@ -29,6 +33,41 @@ class TinyLightning(L.LightningModule):
             "scheduler": torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, self.steps), "interval": "step"}}
 
 
+class EpochSampler(torch.utils.data.Sampler):
+    """Each epoch's order from a generator of its own (seed + epoch), from the SKIP-th index on."""
+
+    def __init__(self, size: int, seed: int):
+        self.size, self.seed, self.epoch, self.skip = size, seed, 0, 0
+
+    def __len__(self):
+        return self.size
+
+    def __iter__(self):
+        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        yield from order[self.skip:].tolist()
+
+
+class ResumableLoader(torch.utils.data.DataLoader):
+    """Its position (epoch, batches yielded) a value Lightning saves in the checkpoint and loads back (its
+    _Stateful protocol) before the resumed epoch's iter()."""
+
+    batches = 0
+
+    def __iter__(self):
+        if self.batches == len(self):  # the epoch was used up (Lightning stops at len, never at exhaustion)
+            self.sampler.epoch, self.batches = self.sampler.epoch + 1, 0
+        self.sampler.skip = self.batches * self.batch_size
+        for batch in super().__iter__():
+            self.batches += 1
+            yield batch
+
+    def state_dict(self):
+        return {"epoch": self.sampler.epoch, "batches": self.batches}
+
+    def load_state_dict(self, state):
+        self.sampler.epoch, self.batches = state["epoch"], state["batches"]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="the folder of the checkpoints (step=K.ckpt)")
@@ -36,13 +75,23 @@ def main():
     p.add_argument("--max_steps", type=int, default=12)
     p.add_argument("--every", type=int, default=4)
     p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--accumulate_grad_batches", type=int, default=1)
+    p.add_argument("--num_workers", type=int, default=0, help="DataLoader worker processes")
+    p.add_argument("--precision", choices=("32-true", "bf16-mixed", "16-mixed"), default="32-true")
+    p.add_argument("--stateful_loader", action="store_true", help="a train loader Lightning saves and restores")
     args = p.parse_args()
     L.seed_everything(0, workers=True)
     module = TinyLightning(args.dropout, args.max_steps)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(random_tokens()), batch_size=4, shuffle=True)
+    data = torch.utils.data.TensorDataset(random_tokens())
+    if args.stateful_loader:  # a generator of its own for the workers' base seed too: iter() draws no global RNG
+        loader = ResumableLoader(data, batch_size=BATCH, sampler=EpochSampler(len(data), 0),
+                                 num_workers=args.num_workers, generator=torch.Generator().manual_seed(0))
+    else:
+        loader = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True, num_workers=args.num_workers)
     saver = L.pytorch.callbacks.ModelCheckpoint(args.out, filename="{step}", every_n_train_steps=args.every,
                                                 save_top_k=-1)
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=args.max_steps, max_epochs=-1, deterministic=True,
+                        accumulate_grad_batches=args.accumulate_grad_batches, precision=args.precision,
                         callbacks=[saver], logger=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, train_dataloaders=loader, ckpt_path=args.ckpt_path)
 

@@ -2,7 +2,7 @@
 
 import torch
 
-SAMPLES, SEQ_LEN, VOCAB = 64, 16, 97
+SAMPLES, SEQ_LEN, VOCAB = 32, 16, 97  # 8 batches of 4: an epoch
 
 
 class TinyLM(torch.nn.Module):

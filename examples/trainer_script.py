@@ -3,7 +3,8 @@ Trainer run (python examples/trainer_script.py, or under torchrun / accelerate l
 
 https://huggingface.co/docs/transformers/en/trainer#checkpoints: save_strategy "steps", and
 trainer.train(resume_from_checkpoint=...) to continue; https://huggingface.co/docs/transformers/en/main_classes/trainer#randomness:
-seed and data_seed. A tiny Llama on random tokens, so that it runs in seconds on a CPU.
+seed and data_seed. The options after --dropout are TrainingArguments' own (gradient accumulation, DataLoader
+workers, bf16 / fp16 mixed precision). A tiny Llama on random tokens, so that it runs in seconds on a CPU.
 """
 
 import argparse
@@ -11,15 +12,15 @@ import argparse
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
-SAMPLES, SEQ_LEN, VOCAB = 64, 16, 97
+from tiny_lm import SEQ_LEN, VOCAB, random_tokens
 
 
 class RandomTokens(torch.utils.data.Dataset):
     def __init__(self):
-        self.tokens = torch.randint(0, VOCAB, (SAMPLES, SEQ_LEN), generator=torch.Generator().manual_seed(2))
+        self.tokens = random_tokens()
 
     def __len__(self):
-        return SAMPLES
+        return len(self.tokens)
 
     def __getitem__(self, i):
         return {"input_ids": self.tokens[i], "labels": self.tokens[i]}
@@ -32,10 +33,16 @@ def main():
     p.add_argument("--max_steps", type=int, default=12)
     p.add_argument("--save_steps", type=int, default=4)
     p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    p.add_argument("--dataloader_num_workers", type=int, default=0)
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--fp16", action="store_true")
     args = p.parse_args()
     training = TrainingArguments(
         output_dir=args.output_dir, max_steps=args.max_steps, save_strategy="steps", save_steps=args.save_steps,
         per_device_train_batch_size=4, learning_rate=3e-3, lr_scheduler_type="cosine", seed=0, data_seed=0,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        dataloader_num_workers=args.dataloader_num_workers, bf16=args.bf16, fp16=args.fp16,
         use_cpu=True, report_to="none", logging_strategy="no", disable_tqdm=True,
     )
     torch.manual_seed(0)

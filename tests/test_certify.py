@@ -89,21 +89,28 @@ def test_the_recorder_changes_no_bit_of_what_a_process_computes(tmp_path):
 def test_a_plain_loop_that_forgets_its_generator_is_named_samples_at_the_first_resumed_step(tmp_path):
     """Catches: a piece named out of causal order, a first step counted from the kill rather than from the
     checkpoint (--lose 2: the steps lost between them are trained again), a verdict of exact on a forgotten
-    shuffle order (the cut is in the second epoch: a fresh generator draws the first epoch's order again)."""
+    shuffle order (the cut is past the first epoch: a fresh generator draws the first epoch's order again);
+    a max |Δw| that is not the final weights'; a negative control that does not empty the optimizer, or that
+    leaves out the repair it needs (then samples would differ first)."""
     proc, verdict = certify(tmp_path / "forgets", 10, PLAIN, "--resume {run}/step_{step}.pt --forget generator",
-                            "--lose", "2", "--repair")
+                            "--lose", "2", "--repair", "--control")
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert (verdict["first"]["step"], verdict["first"]["rank"], verdict["first"]["piece"]) == (11, 0, "samples")
     # the straight run's inputs replayed into a fourth run: exact, and its weights are the straight run's
     assert verdict["repair"] == {"restored": ["samples"], "exact": True, "first": None}
     repaired = torch.load(tmp_path / "forgets" / "runs" / "repaired" / "step_16.pt", weights_only=True)
-    assert_same_state_dict(final_checkpoint(tmp_path / "forgets", "step_16.pt")["straight"]["model"], repaired["model"])
+    final = final_checkpoint(tmp_path / "forgets", "step_16.pt")
+    assert_same_state_dict(final["straight"]["model"], repaired["model"])
+    gap = max(float((final["straight"]["model"][k] - final["resumed"]["model"][k]).abs().max())
+              for k in final["straight"]["model"])
+    assert gap > 0 and verdict["max_abs_dw"] == pytest.approx(gap, rel=1e-6)
+    control = verdict["control"]
+    assert control["caught"] and control["restored"] == ["samples"]
+    assert (control["first"]["step"], control["first"]["piece"]) == (11, "optimizer")
     assert verdict["killed_at"] == {"0": 13} and verdict["steps"]["stopped"] == {"0": [1, 12]}
-    weights = final_checkpoint(tmp_path / "forgets", "step_16.pt")
-    assert not same_state_dict(weights["straight"]["model"], weights["resumed"]["model"])
     # the same loop, resuming what it saved: exact, and so are its weights
     proc, verdict = certify(tmp_path / "keeps", 10, PLAIN, "--resume {run}/step_{step}.pt")
-    assert proc.returncode == 0 and verdict["exact"], proc.stderr[-2000:]
+    assert proc.returncode == 0 and verdict["exact"] and verdict["max_abs_dw"] == 0.0, proc.stderr[-2000:]
     weights = final_checkpoint(tmp_path / "keeps", "step_16.pt")
     assert_same_state_dict(weights["straight"]["model"], weights["resumed"]["model"])
 

@@ -86,18 +86,30 @@ def training_code(world_size):
     return code_inputs(SCRIPTS / "run.py") + ([str(TORCHRUN)] if world_size > 1 else [])
 
 
-# The audit's adapters (workflow/rules/audit.smk): a row of the matrix is a framework, or FRAMEWORK_RECIPE, the
-# framework's recipe with the fix it needs from its user, which the cell runs with --recipe RECIPE
-# (mmkit.audit.adapter_of).
+# The audit's scripts (workflow/rules/audit.smk): each row's cells certify its framework's example;
+# lightning_stateful is Lightning's with --stateful_loader
+AUDIT_SCRIPTS = {
+    "own": SCRIPTS / "run.py",
+    "transformers": "examples/trainer_script.py",
+    "accelerate": "examples/accelerate_loop.py",
+    "lightning": "examples/lightning_script.py",
+    "lightning_stateful": "examples/lightning_script.py",
+}
 
 
-def adapter(w):
-    """The adapter script of a row: its framework's."""
-    return SCRIPTS / f"audit_{w.framework.partition('_')[0]}.py"
+def audit_script(w):
+    return AUDIT_SCRIPTS[w.framework]
 
 
-def adapter_code(w):
-    return code_inputs(adapter(w))
+def own_inputs(w):
+    """The own row's run.py settings and data: its preset, MiniMind's JSONL documents and the tokenizer."""
+    if w.framework != "own":
+        return {}
+    return dict(
+        preset="presets/certify-own.yaml",
+        jsonl=f"{OUT}/data/train.jsonl",
+        tokenizer=f"{OUT}/data/tokenizer.json",
+    )
 
 
 # certify's entries (workflow/rules/certify.smk): a command of the config, and the files it names

@@ -1,35 +1,57 @@
-"""One cell of the audit: a framework's straight, stopped and resumed runs, each a new process (mmkit.audit.Runs),
-compared step by step, and a repair run where they differ.
+"""One cell of the audit: certify on a framework's example script with the scenario's flags (straight, SIGKILLed
+after the cut's checkpoint, resumed through the framework's own resume), with repairs, and for the
+control scenario the negative control; the matrix row in cell.json.
 
-  audit_cell.py --framework F --scenario S --adapter audit_F.py --settings audit.yaml --tokens T
-                --cell DIR --out DIR/cell.json
+  audit_cell.py --framework F --scenario S --script examples/X.py --settings audit.yaml --cell DIR
+                [--own-preset presets/certify-own.yaml --jsonl train.jsonl --tokenizer tokenizer.json]
 """
 
-import argparse
 import json
-import tempfile
+import sys
 from pathlib import Path
 
+import yaml
+
+from certkit.runs import CannotJudge, certify
+from mmkit import audit
 from mmkit.atomic import write_text_atomic
-from mmkit.audit import Runs, judge, read_certificate
-from mmkit.checkpoint import load_file
-from mmkit.errors import run_cli
+from mmkit.errors import OneLineParser, UserError, run_cli
+
+
+def own_files(args, cell: Path) -> dict:
+    """run.py's config for the scenario, and its data: the first 32 documents (8 batches an epoch)."""
+    base, settings = (yaml.safe_load(Path(f).read_text()) for f in (args.own_preset, args.settings))
+    write_text_atomic(cell / "own.yaml", yaml.safe_dump(audit.own_config(base, audit.SCENARIOS[args.scenario],
+                                                                         settings), sort_keys=False))
+    documents = Path(args.jsonl).read_text().splitlines()[:4 * audit.BATCHES_PER_EPOCH]
+    write_text_atomic(cell / "own.jsonl", "\n".join(documents) + "\n")
+    return {"config": cell / "own.yaml", "jsonl": cell / "own.jsonl", "tokenizer": args.tokenizer}
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name in ("framework", "scenario", "adapter", "settings", "tokens", "cell", "out"):
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
+    for name in ("framework", "scenario", "script", "settings", "cell"):
         p.add_argument(f"--{name}", required=True)
+    for name in ("own-preset", "jsonl", "tokenizer"):
+        p.add_argument(f"--{name}")
     args = p.parse_args()
-    cell = Path(args.cell)
-    runs = Runs(args.framework, args.adapter, args.settings, args.tokens, args.scenario, cell)
-    with tempfile.TemporaryDirectory(prefix="audit-") as tmp:
-        runs.straight_stopped_resumed(Path(tmp))
-        row = judge(args.framework, args.scenario,
-                    *(read_certificate(cell / d / "certificate.jsonl") for d in ("straight", "stopped", "resumed")),
-                    *(load_file(cell / d / "weights.pt", "weights file") for d in ("straight", "resumed")),
-                    lambda pieces: runs.resumed_again(Path(tmp) / "_".join(pieces), repair=pieces))
-    write_text_atomic(args.out, json.dumps(row, indent=1) + "\n")
+    audit.require(args.framework)
+    cell, scenario = Path(args.cell), audit.SCENARIOS[args.scenario]
+    own = own_files(args, cell) if args.framework == "own" else None
+    command, resume = audit.command(args.framework, scenario, args.script, sys.executable, own)
+    try:
+        found = certify([str(t) for t in command], resume, cell / "certify", scenario.cut, repair=True,
+                        control=args.scenario == audit.CONTROL_SCENARIO)
+        row = audit.row_of(args.framework, args.scenario, found)
+        if "control" in found:
+            row["control"] = audit.control_of(args.framework, found)
+    except CannotJudge as e:  # the framework's resume failing is the cell's result, not the DAG's failure
+        if not str(e).startswith("resume failed"):
+            raise UserError(f"{args.framework} {args.scenario}: {e}") from None
+        row = {**audit.row_of(args.framework, args.scenario, {"deterministic": "", "exact": False, "first": None}),
+               "cause": str(e)}
+        print(f"audit: {e}", file=sys.stderr)
+    write_text_atomic(cell / "cell.json", json.dumps(row, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The audit's matrix from its cells: matrix.csv (one row per framework and scenario), summary.md, matrix.png and
-the report's section on it (report.md)."""
+the report's section on it (report.md); the negative controls are those the control scenario's cells ran."""
 
 import argparse
 import csv
@@ -7,9 +7,10 @@ import io
 import json
 from pathlib import Path
 
+import torch
+
 from mmkit.atomic import write_text_atomic
 from mmkit.audit import COLUMNS, fp16_as_trained, report_section, summary_table, verdict
-from mmkit.checkpoint import load_file
 from mmkit.errors import run_cli
 from mmkit.plots import plot_audit
 
@@ -17,21 +18,22 @@ from mmkit.plots import plot_audit
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--cells", nargs="+", required=True)
-    p.add_argument("--controls", nargs="+", required=True)
     p.add_argument("--csv", required=True)
     p.add_argument("--summary", required=True)
     p.add_argument("--plot", required=True)
     p.add_argument("--report", required=True)
     args = p.parse_args()
     rows = [json.loads(Path(c).read_text()) for c in args.cells]
-    controls = [json.loads(Path(c).read_text()) for c in args.controls]
+    controls = [r["control"] for r in rows if "control" in r]
     out = io.StringIO()
     writer = csv.DictWriter(out, COLUMNS, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
     write_text_atomic(args.csv, out.getvalue())
-    straight = {(r["framework"], r["scenario"]): load_file(Path(c).parent / "straight" / "weights.pt", "weights file")
-                for r, c in zip(rows, args.cells) if r["scenario"] in ("fp16", "bf16", "mid_epoch")}
+    # the final parameters the recorder kept of each straight run: what fp16 really trained in
+    finals = {(r["framework"], r["scenario"]): Path(c).parent / "certify" / "straight" / "rank0.final.pt"
+              for r, c in zip(rows, args.cells) if r["scenario"] in ("fp16", "bf16", "mid_epoch")}
+    straight = {key: torch.load(path, weights_only=True) for key, path in finals.items() if path.exists()}
     write_text_atomic(args.summary, summary_table(rows, controls, fp16_as_trained(straight)))
     write_text_atomic(args.report, report_section(rows, controls))
     frameworks = list(dict.fromkeys(r["framework"] for r in rows))

@@ -17,7 +17,7 @@ from certkit.verdict import headline
 
 def main(argv: list) -> int:
     split = argv.index("--") if "--" in argv else len(argv)
-    p = argparse.ArgumentParser(usage="certify.py --out DIR --stop-after K [--resume ARGS] [--lose N] [--repair] -- COMMAND ...",
+    p = argparse.ArgumentParser(usage="certify.py --out DIR --stop-after K [--resume ARGS] [--lose N] [--repair] [--control] -- COMMAND ...",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, type=Path, help="the verdict, the certificates, the logs and the runs")
     p.add_argument("--stop-after", required=True, type=int, help="K: the step whose checkpoint the resume starts from")
@@ -27,10 +27,12 @@ def main(argv: list) -> int:
     p.add_argument("--repair", action="store_true", help="where the first difference is samples or an RNG, resume "
                    "again with the straight run's model inputs or RNG states put back by hand: exact then means "
                    "they were all the checkpoint forgot")
+    p.add_argument("--control", action="store_true", help="negative control: resume once more (with any repairs) "
+                   "with the optimizer state emptied before the first update; the verdict must name it at K + 1")
     args = p.parse_args(argv[:split])
     try:
         found = certify(argv[split + 1:], args.resume, args.out, args.stop_after, args.lose, args.timeout,
-                        args.repair)
+                        args.repair, args.control)
     except CannotJudge as e:
         print(f"certify: {e}", file=sys.stderr)
         if e.log is not None and e.log.exists():

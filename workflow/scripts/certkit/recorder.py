@@ -23,10 +23,16 @@ model inside the batch, so they show as samples.
   CERTIFY_KEEP_INPUTS  the straight run under --repair: the model's inputs of every training forward after
                        this step kept (rank<R>.inputs.pt)
   CERTIFY_REPLAY_INPUTS  a repair: each training forward after K gets that folder's inputs, copied into its
-                       own tensors in place. The repairs are the only times the recorder changes what a
-                       process computes (certify --repair)
+                       own tensors in place
+  CERTIFY_EMPTY_OPTIMIZER  the negative control: the optimizer's per-parameter state (AdamW's moments and
+                       counts) emptied before the process's first update, as a checkpoint without it would
+                       leave it. The repairs and the control are the only times the recorder changes what a
+                       process computes (certify --repair, --control)
+  CERTIFY_KEEP_FINAL   at a normal exit, the last stepped optimizer's parameters are kept (rank<R>.final.pt):
+                       how far apart two runs' final weights are
 """
 
+import atexit
 import json
 import os
 import random
@@ -51,8 +57,10 @@ def _rank() -> int:
 
 class Recorder:
     def __init__(self, folder: str, offset: int = 0, kill_at: int | None = None, keep_rng: int | None = None,
-                 restore_rng: str | None = None, keep_inputs: int | None = None, replay_inputs: str | None = None):
+                 restore_rng: str | None = None, keep_inputs: int | None = None, replay_inputs: str | None = None,
+                 empty_optimizer: bool = False, keep_final: bool = False):
         self.folder, self.step, self.kill_at = Path(folder), offset, kill_at
+        self.empty_optimizer, self.keep_final, self.stepped = empty_optimizer, keep_final, None
         # the RNGs' raw states at the first training forward after step K: kept, or put back (a repair)
         self.rng_at = offset if restore_rng else keep_rng
         self.restore_rng = Path(restore_rng) if restore_rng else None
@@ -172,6 +180,9 @@ class Recorder:
             self._write({"killed": step})
             os.fsync(self.file.fileno())
             os.killpg(os.getpgrp(), signal.SIGKILL)  # every rank, its launcher and its workers, unsaved
+        if self.empty_optimizer:
+            self.empty_optimizer = False
+            optimizer.state.clear()  # AdamW starts its moments afresh at this update
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self.row = {"step": step, "samples": digest.of_object(self.inputs), "forwards": len(self.inputs),
                     **digest.rng_states(), "gradients": digest.of_tensors(p.grad for p in params),
@@ -190,10 +201,20 @@ class Recorder:
             row["scale"] = scales
         self.step = row["step"]
         self._write(row)
+        if self.keep_final:
+            if self.stepped is None:
+                atexit.register(self._keep_final)
+            # the parameters themselves (updated in place), not the optimizer: it is gone by the time of exit
+            self.stepped = [p for group in optimizer.param_groups for p in group["params"]]
         if self.kept:  # all of them, each step: a run may end without a goodbye
             import torch
 
             torch.save(self.kept, self.folder / f"rank{self.rank}.inputs.pt")
+
+    def _keep_final(self) -> None:
+        import torch
+
+        torch.save([p.detach().cpu().clone() for p in self.stepped], self.folder / f"rank{self.rank}.final.pt")
 
     def _write(self, row: dict) -> None:
         if self.file is None:
@@ -253,4 +274,5 @@ def from_environment() -> Recorder | None:
               for k in ("CERTIFY_KILL_AT", "CERTIFY_KEEP_RNG", "CERTIFY_KEEP_INPUTS")}
     return Recorder(folder, int(os.environ.get("CERTIFY_STEP_OFFSET", 0)), number["CERTIFY_KILL_AT"],
                     number["CERTIFY_KEEP_RNG"], os.environ.get("CERTIFY_RESTORE_RNG"), number["CERTIFY_KEEP_INPUTS"],
-                    os.environ.get("CERTIFY_REPLAY_INPUTS"))
+                    os.environ.get("CERTIFY_REPLAY_INPUTS"), bool(os.environ.get("CERTIFY_EMPTY_OPTIMIZER")),
+                    bool(os.environ.get("CERTIFY_KEEP_FINAL")))

@@ -18,8 +18,8 @@ from . import verdict
 
 SITE = Path(__file__).parent / "site"
 MARK = ".certify"  # a folder certify made: its own files in it may be replaced
-OWN = ("straight", "stopped", "resumed", "repaired", "runs", "straight.log", "stopped.log", "resumed.log",
-       "repaired.log", "verdict.json", "verdict.md", "parting.svg")
+OWN = ("straight", "stopped", "resumed", "repaired", "control", "runs", "straight.log", "stopped.log",
+       "resumed.log", "repaired.log", "control.log", "verdict.json", "verdict.md", "parting.svg")
 
 
 class CannotJudge(Exception):
@@ -108,11 +108,27 @@ def repaired(found: dict, straight: dict, run) -> dict:
     return {"restored": pieces, "exact": first is None, "first": first}
 
 
+def controlled(found: dict, straight: dict, run) -> dict:
+    """{restored, first, caught} of the negative control, RUN(pieces) a resumed run with the repairs' PIECES put
+    back and the optimizer state emptied before its first update: caught when the first difference is the
+    optimizer state at step K + 1, so that the certificate would see a checkpoint that forgot it."""
+    pieces = found.get("repair", {}).get("restored", [])  # then only the emptied optimizer is left to differ
+    code, rows, _ = run(pieces)
+    if code != 0 or not rows:
+        return {"restored": pieces, "first": None, "caught": False, "why": f"the control run failed (exit {code})"}
+    first = verdict.first_difference(straight, rows, range(found["stop_after"] + 1, found["last_step"] + 1),
+                                     found["not_compared"])
+    caught = first is not None and (first["step"], first["piece"]) == (found["stop_after"] + 1, "optimizer")
+    return {"restored": pieces, "first": first, "caught": caught}
+
+
 def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 0, timeout: float = 3600,
-            repair: bool = False) -> dict:
+            repair: bool = False, control: bool = False) -> dict:
     """The verdict on COMMAND's resume (verdict.judge's dict), with verdict.json, verdict.md and parting.svg
     written to OUT. REPAIR: where the first difference is samples or an RNG, resumed runs with the straight
-    run's inputs or RNG states put back say whether they were all the checkpoint forgot. Raises CannotJudge."""
+    run's inputs or RNG states put back say whether they were all the checkpoint forgot. CONTROL: one more
+    resumed run (with those repairs) whose optimizer state is emptied, which the verdict must name. Raises
+    CannotJudge."""
     if stop_after < 1 or lose < 0:
         raise CannotJudge(f"--stop-after must be at least 1 and --lose at least 0 (got {stop_after}, {lose})")
     if not command:
@@ -131,7 +147,7 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
         return code, *verdict.read(out / name)
 
     keep = {"CERTIFY_KEEP_INPUTS": stop_after} if repair else {}  # the model's inputs after K: only for a repair
-    code, straight, _ = run("straight", command, "straight", CERTIFY_KEEP_RNG=stop_after, **keep)
+    code, straight, _ = run("straight", command, "straight", CERTIFY_KEEP_RNG=stop_after, CERTIFY_KEEP_FINAL=1, **keep)
     if code != 0:
         raise CannotJudge(f"the straight run failed (exit {code}): {last_line(out / 'straight.log')}",
                           out / "straight.log")
@@ -151,9 +167,10 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
         raise CannotJudge(f"no checkpoint {path}: the stopped run saved none at step {stop_after} "
                           "(does the command save one there?)", out / "stopped.log")
     checkpoint_copy = out / "runs" / "repair-base"
-    if repair:  # each repair resumes from the same checkpoint, whatever the resumed run then writes beside it
+    if repair or control:  # each resumes from the same checkpoint, whatever the resumed run then writes beside it
         shutil.copytree(out / "runs" / "resumed", checkpoint_copy, symlinks=True)
-    code, resumed, _ = run("resumed", command + resume_args, "resumed", CERTIFY_STEP_OFFSET=stop_after)
+    code, resumed, _ = run("resumed", command + resume_args, "resumed", CERTIFY_STEP_OFFSET=stop_after,
+                           CERTIFY_KEEP_FINAL=1)
     if code != 0:
         raise CannotJudge(f"resume failed: {last_line(out / 'resumed.log')}", out / "resumed.log")
     if not resumed:
@@ -163,16 +180,24 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
         b = found["before_kill"]
         raise CannotJudge(f"the command does not repeat itself: its straight and stopped runs differ at step "
                           f"{b['step']}, rank {b['rank']} ({verdict.NAMES[b['piece']]}), before any stop")
-    if repair:
-        def run_repaired(pieces):
-            shutil.rmtree(out / "runs" / "repaired", ignore_errors=True)
-            shutil.copytree(checkpoint_copy, out / "runs" / "repaired", symlinks=True)
-            put_back = {"CERTIFY_RESTORE_RNG": out / "straight"} if "rng" in pieces else {}
-            if "samples" in pieces:
-                put_back["CERTIFY_REPLAY_INPUTS"] = out / "straight"
-            return run("repaired", command + resume_args, "repaired", CERTIFY_STEP_OFFSET=stop_after, **put_back)
+    found["max_abs_dw"] = verdict.final_gap(out / "straight", out / "resumed")
 
-        found["repair"] = repaired(found, straight, run_repaired)
+    def resumed_again(name, pieces, **settings):
+        """One more resumed run, from a copy of step K's checkpoint, with PIECES of the straight run put back."""
+        shutil.rmtree(out / "runs" / name, ignore_errors=True)
+        shutil.copytree(checkpoint_copy, out / "runs" / name, symlinks=True)
+        if "rng" in pieces:
+            settings["CERTIFY_RESTORE_RNG"] = out / "straight"
+        if "samples" in pieces:
+            settings["CERTIFY_REPLAY_INPUTS"] = out / "straight"
+        return run(name, command + resume_args, name, CERTIFY_STEP_OFFSET=stop_after, CERTIFY_KEEP_FINAL=1,
+                   **settings)
+
+    if repair:
+        found["repair"] = repaired(found, straight, lambda pieces: resumed_again("repaired", pieces))
+    if control:
+        found["control"] = controlled(found, straight,
+                                      lambda pieces: resumed_again("control", pieces, CERTIFY_EMPTY_OPTIMIZER=1))
     found.update(command=command, resume=resume, lose=lose)
     verdict.write_atomic(out / "verdict.json", json.dumps(found, indent=1) + "\n")
     verdict.write_atomic(out / "verdict.md", verdict.markdown(found, shlex.join(command), resume, lose))

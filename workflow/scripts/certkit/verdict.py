@@ -83,6 +83,23 @@ def judge(straight: dict, stopped: dict, resumed: dict, killed: dict, stop_after
             "killed_at": killed, "stop_after": stop_after, "last_step": last, "not_compared": unseeded}
 
 
+def final_gap(a, b) -> float | None:
+    """max |Δw| between the final parameters two runs' recorders kept (rank<R>.final.pt, every rank), or None
+    where a rank's are missing or differ in shape."""
+    import torch
+
+    gaps = []
+    for path in sorted(Path(a).glob("rank*.final.pt")):
+        other = Path(b) / path.name
+        if not other.exists():
+            return None
+        x, y = (torch.load(f, weights_only=True) for f in (path, other))
+        if len(x) != len(y) or any(s.shape != t.shape for s, t in zip(x, y)):
+            return None
+        gaps += [float((s.double() - t.double()).abs().max()) if s.numel() else 0.0 for s, t in zip(x, y)]
+    return max(gaps) if gaps else None
+
+
 # --- what is written ----------------------------------------------------------------------------------
 
 
@@ -121,6 +138,15 @@ def markdown(v: dict, command: str, resume: str, lose: int) -> str:
             + "."), ""]
     elif repair:
         lines += [f"Repair: none tried ({repair['why']}).", ""]
+    control = v.get("control")
+    if control:
+        with_repairs = f" (with {' and '.join(control['restored'])} repaired)" if control["restored"] else ""
+        seen = (f"first difference at step {control['first']['step']}, rank {control['first']['rank']}: "
+                f"{NAMES[control['first']['piece']]}" if control["first"] else control.get("why", "no difference"))
+        lines += [f"Negative control: resumed again{with_repairs} with the optimizer state emptied before its first "
+                  f"update: {seen}, so it is **{'caught' if control['caught'] else 'NOT caught'}**.", ""]
+    if v.get("max_abs_dw") is not None:
+        lines += [f"Final parameters, straight vs resumed: max |Δw| = {v['max_abs_dw']:.3g}.", ""]
     killed = ", ".join(f"rank {r} at step {s}" for r, s in sorted(v["killed_at"].items()))
     lines += ["| run | optimizer steps, per rank |", "|---|---|"]
     for run in ("straight", "stopped", "resumed"):
