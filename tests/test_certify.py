@@ -89,11 +89,9 @@ def test_the_recorder_changes_no_bit_of_what_a_process_computes(tmp_path):
 def test_a_plain_loop_that_forgets_its_generator_is_named_samples_at_the_first_resumed_step(tmp_path):
     """Catches: a piece named out of causal order, a first step counted from the kill rather than from the
     checkpoint (--lose 2: the steps lost between them are trained again), a verdict of exact on a forgotten
-    shuffle order (the cut is past the first epoch: a fresh generator draws the first epoch's order again);
-    a max |Δw| that is not the final weights'; a negative control that does not empty the optimizer, or that
-    leaves out the repair it needs (then samples would differ first)."""
+    shuffle order (the cut is past the first epoch: a fresh generator draws the first epoch's order again)."""
     proc, verdict = certify(tmp_path / "forgets", 10, PLAIN, "--resume {run}/step_{step}.pt --forget generator",
-                            "--lose", "2", "--repair", "--control")
+                            "--lose", "2", "--repair")
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert (verdict["first"]["step"], verdict["first"]["rank"], verdict["first"]["piece"]) == (11, 0, "samples")
     # the straight run's inputs replayed into a fourth run: exact, and its weights are the straight run's
@@ -101,26 +99,36 @@ def test_a_plain_loop_that_forgets_its_generator_is_named_samples_at_the_first_r
     repaired = torch.load(tmp_path / "forgets" / "runs" / "repaired" / "step_16.pt", weights_only=True)
     final = final_checkpoint(tmp_path / "forgets", "step_16.pt")
     assert_same_state_dict(final["straight"]["model"], repaired["model"])
-    gap = max(float((final["straight"]["model"][k] - final["resumed"]["model"][k]).abs().max())
-              for k in final["straight"]["model"])
-    assert gap > 0 and verdict["max_abs_dw"] == pytest.approx(gap, rel=1e-6)
-    control = verdict["control"]
-    assert control["caught"] and control["restored"] == ["samples"]
-    assert (control["first"]["step"], control["first"]["piece"]) == (11, "optimizer")
     assert verdict["killed_at"] == {"0": 13} and verdict["steps"]["stopped"] == {"0": [1, 12]}
     # the same loop, resuming what it saved: exact, and so are its weights
     proc, verdict = certify(tmp_path / "keeps", 10, PLAIN, "--resume {run}/step_{step}.pt")
-    assert proc.returncode == 0 and verdict["exact"] and verdict["max_abs_dw"] == 0.0, proc.stderr[-2000:]
+    assert proc.returncode == 0 and verdict["exact"], proc.stderr[-2000:]
     weights = final_checkpoint(tmp_path / "keeps", "step_16.pt")
     assert_same_state_dict(weights["straight"]["model"], weights["resumed"]["model"])
 
 
-def test_an_emptied_optimizer_state_is_named_optimizer_state(tmp_path):
-    """Catches: AdamW's moments not recorded, or recorded after the parameters (named as weights)."""
-    proc, verdict = certify(tmp_path, 5, PLAIN, "--resume {run}/step_{step}.pt --forget optimizer")
+def test_an_emptied_optimizer_state_is_named_optimizer_state_and_so_is_certifys_own_control(tmp_path):
+    """Catches: AdamW's moments not recorded, or recorded after the parameters (named as weights); a max |Δw|
+    that is not that of the final weights; a negative control (--control) that does not empty the optimizer,
+    or is called caught at another step or piece."""
+    short = [*PLAIN, "--steps", "8"]
+    proc, verdict = certify(tmp_path / "forgets", 5, short, "--resume {run}/step_{step}.pt --forget optimizer")
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert (verdict["first"]["step"], verdict["first"]["piece"]) == (6, "optimizer")
     assert verdict["first"]["pieces"] == {"0": ["optimizer", "params"]}
+    final = {run: w["model"] for run, w in final_checkpoint(tmp_path / "forgets", "step_8.pt").items()}
+    gap = max(float((final["straight"][k] - final["resumed"][k]).abs().max()) for k in final["straight"])
+    assert gap > 0 and verdict["max_abs_dw"] == pytest.approx(gap, rel=1e-6)
+    # the script's resume kept, certify's control empties the optimizer in a run of its own
+    proc, verdict = certify(tmp_path / "control", 5, short, "--resume {run}/step_{step}.pt", "--control")
+    assert proc.returncode == 0 and verdict["exact"] and verdict["max_abs_dw"] == 0.0, proc.stderr[-2000:]
+    control = verdict["control"]
+    assert control["caught"] and (control["first"]["step"], control["first"]["piece"]) == (6, "optimizer")
+    emptied = [json.loads(line) for line in (tmp_path / "control" / "control" / "rank0.jsonl").read_text().splitlines()]
+    straight = [json.loads(line) for line in (tmp_path / "control" / "straight" / "rank0.jsonl").read_text().splitlines()]
+    first = emptied[0]
+    assert first["step"] == 6 and first["gradients"] == straight[5]["gradients"]
+    assert first["optimizer"] != straight[5]["optimizer"]
 
 
 def test_ddp_under_torchrun_that_forgets_rank_1s_rng_is_named_rank_1_rng_and_the_repair_confirms_it(tmp_path):
