@@ -79,6 +79,8 @@ def main():
     p.add_argument("--num_workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--precision", choices=("32-true", "bf16-mixed", "16-mixed"), default="32-true")
     p.add_argument("--stateful_loader", action="store_true", help="a train loader Lightning saves and restores")
+    p.add_argument("--devices", type=int, default=1, help="processes: more than 1 is DDP over gloo, launched by "
+                   "Lightning itself (https://lightning.ai/docs/pytorch/stable/accelerators/gpu_intermediate.html)")
     args = p.parse_args()
     L.seed_everything(0, workers=True)
     module = TinyLightning(args.dropout, args.max_steps)
@@ -90,7 +92,8 @@ def main():
         loader = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True, num_workers=args.num_workers)
     saver = L.pytorch.callbacks.ModelCheckpoint(args.out, filename="{step}", every_n_train_steps=args.every,
                                                 save_top_k=-1)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=args.max_steps, max_epochs=-1, deterministic=True,
+    trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
+                        max_steps=args.max_steps, max_epochs=-1, deterministic=True,
                         accumulate_grad_batches=args.accumulate_grad_batches, precision=args.precision,
                         callbacks=[saver], logger=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, train_dataloaders=loader, ckpt_path=args.ckpt_path)

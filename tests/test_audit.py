@@ -1,6 +1,6 @@
-"""The audit of other trainers: each framework's plain mid-epoch cell, a certify run built by `snakemake audit` on
-the tiny pipeline, read back from its certificates and final parameters; the negative controls; the summary's
-numbers recomputed from the files; bad input.
+"""The audit of other trainers: each framework's plain mid-epoch cell and its 2-rank cell (ddp2), certify runs
+built by `snakemake audit` on the tiny pipeline, read back from their certificates and final parameters; the
+negative controls; the summary's numbers recomputed from the files; bad input.
 
 Each test names the breakage it catches.
 """
@@ -21,27 +21,29 @@ from mmkit.errors import UserError
 
 FRAMEWORKS = ["own", "transformers", "accelerate", "lightning"]
 SCENARIO = "mid_epoch"
+SCENARIOS = [SCENARIO, "ddp2"]  # the cut is the same in both
 CUT = audit.SCENARIOS[SCENARIO].cut
-# what a certificate row holds besides its pieces
-NOT_PIECES = {"rank", "step", "forwards"}
+# the pieces in the causal order docs/certify.md states, what a step reads before what it writes
+CAUSAL = ["samples", "rng_torch", "rng_numpy", "rng_python", "rng_cuda", "gradients", "scale", "lr", "optimizer",
+          "params"]
 
 
 @pytest.fixture(scope="module")
 def built(pristine_pipeline, tmp_path_factory):
-    """The audit of every framework in the plain mid-epoch scenario (each cell with its negative control), added
-    to a copy of the tiny pipeline of its own (its jobs' logs would join the pipeline's); returns its audit
-    folder."""
+    """The audit of every framework in the plain mid-epoch scenario (each cell with its negative control) and on
+    2 ranks, added to a copy of the tiny pipeline of its own (its jobs' logs would join the pipeline's);
+    returns its audit folder."""
     work = tmp_path_factory.mktemp("audit") / "copy"
     shutil.copytree(pristine_pipeline, work, symlinks=True)
     copy_workflow(work)
-    (work / "audit.yaml").write_text(yaml.safe_dump({"audit": {"frameworks": FRAMEWORKS, "scenarios": [SCENARIO]}}))
+    (work / "audit.yaml").write_text(yaml.safe_dump({"audit": {"frameworks": FRAMEWORKS, "scenarios": SCENARIOS}}))
     snakemake(work, "audit", configfiles=("config.yaml", "tiny.yaml", "audit.yaml"))
     return work / "results" / "audit"
 
 
-def rows(run_folder) -> dict:
-    """{step: row} of rank 0's certificate of one certify run."""
-    lines = (run_folder / "rank0.jsonl").read_text().splitlines()
+def rows(run_folder, rank=0) -> dict:
+    """{step: row} of RANK's certificate of one certify run."""
+    lines = (run_folder / f"rank{rank}.jsonl").read_text().splitlines()
     return {r["step"]: r for r in map(json.loads, lines) if "step" in r}
 
 
@@ -51,37 +53,53 @@ def unseeded(straight: dict, stopped: dict) -> set:
 
 
 def differing(a: dict, b: dict, ignore: set) -> list:
-    """The pieces of two rows that differ, in the row's own order (the recorder writes them in causal order)."""
-    return [p for p in a if p not in NOT_PIECES | ignore and a[p] != b.get(p)]
+    """The pieces of two rows that differ, in causal order."""
+    return [p for p in CAUSAL if p not in ignore and a.get(p) != b.get(p)]
 
 
-def same_final(a, b) -> bool:
-    x, y = (torch.load(f / "rank0.final.pt", weights_only=True) for f in (a, b))
+def same_final(a, b, rank=0) -> bool:
+    x, y = (torch.load(f / f"rank{rank}.final.pt", weights_only=True) for f in (a, b))
     return len(x) == len(y) and all(s.shape == t.shape and torch.equal(s, t) for s, t in zip(x, y))
 
 
+def judged_from_files(runs, scenario: str, repaired: bool) -> dict:
+    """A cell's verdict recomputed here from certify's files in RUNS: {exact, first: (step, piece) or None,
+    repaired: whether the repaired run matches the straight run on every rank} (REPAIRED: a repaired run
+    exists). Checks on the way that every rank was recorded from the right steps, each step with its own
+    forwards (Lightning runs them inside optimizer.step, in a closure), and that the stopped run repeated the
+    straight one."""
+    exact, firsts, repaired_ok = True, [], True
+    for rank in range(audit.SCENARIOS[scenario].ranks):
+        straight, stopped, resumed = (rows(runs / name, rank) for name in ("straight", "stopped", "resumed"))
+        assert sorted(straight) == list(range(1, audit.STEPS + 1))
+        assert {r["forwards"] for r in straight.values()} == {audit.SCENARIOS[scenario].accumulation}
+        assert sorted(resumed) == list(range(CUT + 1, audit.STEPS + 1))  # a new process, from the cut
+        ignore = unseeded(straight, stopped)
+        assert all(not differing(straight[s], stopped[s], ignore) for s in range(1, CUT + 1)), "not deterministic"
+        diffs = {s: differing(straight[s], resumed[s], ignore) for s in sorted(resumed)}
+        exact &= same_final(runs / "straight", runs / "resumed", rank) and not any(diffs.values())
+        firsts += [(s, CAUSAL.index(d[0]), d[0]) for s, d in diffs.items() if d][:1]
+        if repaired:
+            again = rows(runs / "repaired", rank)
+            repaired_ok &= all(not differing(straight[s], again[s], ignore) for s in sorted(resumed))
+            repaired_ok &= same_final(runs / "straight", runs / "repaired", rank)
+    first = min(firsts) if firsts else None  # the earliest step, then the piece earliest in causal order
+    return {"exact": exact, "first": first and (first[0], first[2]), "repaired": repaired and repaired_ok}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_each_framework_resumes_through_its_own_resume_and_the_cell_says_how_exactly(built, framework):
-    """Catches: a cell that calls a resume exact when a tensor differs (or the reverse), a first difference
-    that is not the first, a resume that did not start right after the cut, a stopped run that did not repeat
-    the straight one, a repair called exact whose run does not match the straight run."""
-    cell = json.loads((built / framework / SCENARIO / "cell.json").read_text())
-    runs = built / framework / SCENARIO / "certify"
-    straight, stopped, resumed = (rows(runs / name) for name in ("straight", "stopped", "resumed"))
-    assert sorted(straight) == list(range(1, audit.STEPS + 1))
-    assert sorted(resumed) == list(range(CUT + 1, audit.STEPS + 1))  # a new process, from the cut
-    ignore = unseeded(straight, stopped)
-    assert all(not differing(straight[s], stopped[s], ignore) for s in range(1, CUT + 1)), "not deterministic"
-    diffs = {s: differing(straight[s], resumed[s], ignore) for s in sorted(resumed)}
-    assert cell["exact"] == (same_final(runs / "straight", runs / "resumed") and not any(diffs.values()))
-    if cell["exact"]:
-        return
-    step = next(s for s, d in diffs.items() if d)
-    assert (cell["first_step"], cell["first_state"]) == (step, diffs[step][0])
-    if cell["repair_exact"] is True:  # the claim checked: the repaired run matches at every step, bit for bit
-        repaired = rows(runs / "repaired")
-        assert all(not differing(straight[s], repaired[s], ignore) for s in sorted(resumed))
-        assert same_final(runs / "straight", runs / "repaired")
+def test_each_framework_resumes_through_its_own_resume_and_the_cell_says_how_exactly(built, framework, scenario):
+    """Catches: a cell that calls a resume exact when a tensor differs on any rank (or the reverse), a first
+    difference that is not the first (at the first differing step, the piece that comes first on any rank), a
+    resume that did not start right after the cut, a rank not recorded, a stopped run that did not repeat the
+    straight one, a repair called exact whose run does not match the straight run."""
+    cell = json.loads((built / framework / scenario / "cell.json").read_text())
+    found = judged_from_files(built / framework / scenario / "certify", scenario, cell["repair_exact"] is True)
+    assert cell["exact"] == found["exact"]
+    if not found["exact"] and found["first"]:
+        assert (cell["first_step"], cell["first_state"]) == found["first"]
+    assert found["repaired"] == (cell["repair_exact"] is True)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -103,15 +121,15 @@ def test_each_negative_control_is_caught_at_the_first_step_after_the_cut(built, 
 def test_every_number_in_the_audit_summary_is_recomputed_from_the_files(built):
     """Catches: a summary whose counts or controls are typed, stale, or computed from another cell."""
     summary = (built / "summary.md").read_text()
-    cells = [built / f / SCENARIO for f in FRAMEWORKS]
-    exact = caught = 0
-    for c in cells:
-        straight, resumed, control = (rows(c / "certify" / run) for run in ("straight", "resumed", "control"))
-        ignore = unseeded(straight, rows(c / "certify/stopped"))
-        exact += same_final(c / "certify/straight", c / "certify/resumed") and not any(
-            differing(straight[s], resumed[s], ignore) for s in resumed)
+    cells = {(f, sc): built / f / sc for f in FRAMEWORKS for sc in SCENARIOS}
+    exact = sum(judged_from_files(c / "certify", sc, False)["exact"] for (_, sc), c in cells.items())
+    caught = 0
+    for f in FRAMEWORKS:
+        runs = built / f / SCENARIO / "certify"
+        straight, control = rows(runs / "straight"), rows(runs / "control")
+        ignore = unseeded(straight, rows(runs / "stopped"))
         caught += differing(straight[CUT + 1], control[CUT + 1], ignore)[:1] == ["optimizer"]
-    repaired = sum(json.loads((c / "cell.json").read_text())["repair_exact"] is True for c in cells)
+    repaired = sum(json.loads((c / "cell.json").read_text())["repair_exact"] is True for c in cells.values())
     found = re.search(r"(\d+) of (\d+) cells bit-exact; (\d+) more exact", summary)
     assert found and tuple(map(int, found.groups())) == (exact, len(cells), repaired)
     controls = re.search(r"(\d+) of (\d+) caught at the first step after the cut", summary)

@@ -32,6 +32,7 @@ rule audit_cell:
         cell=lambda w: f"{AUDIT}/{w.framework}/{w.scenario}",
         own=lambda w, input: (
             f"--own-preset {input.preset} --jsonl {input.jsonl} --tokenizer {input.tokenizer}"
+            f" --tokens {input.tokens}"
             if w.framework == "own"
             else ""
         ),

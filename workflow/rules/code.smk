@@ -109,6 +109,7 @@ def own_inputs(w):
         preset="presets/certify-own.yaml",
         jsonl=f"{OUT}/data/train.jsonl",
         tokenizer=f"{OUT}/data/tokenizer.json",
+        tokens=TRAIN_TOKENS,
     )
 
 

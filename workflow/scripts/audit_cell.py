@@ -3,7 +3,8 @@ after the cut's checkpoint, resumed through the framework's own resume), with re
 control scenario the negative control; the matrix row in cell.json.
 
   audit_cell.py --framework F --scenario S --script examples/X.py --settings audit.yaml --cell DIR
-                [--own-preset presets/certify-own.yaml --jsonl train.jsonl --tokenizer tokenizer.json]
+                [--own-preset presets/certify-own.yaml --jsonl train.jsonl --tokenizer tokenizer.json
+                 --tokens train.npy]
 """
 
 import json
@@ -25,14 +26,15 @@ def own_files(args, cell: Path) -> dict:
                                                                          settings), sort_keys=False))
     documents = Path(args.jsonl).read_text().splitlines()[:4 * audit.BATCHES_PER_EPOCH]
     write_text_atomic(cell / "own.jsonl", "\n".join(documents) + "\n")
-    return {"config": cell / "own.yaml", "jsonl": cell / "own.jsonl", "tokenizer": args.tokenizer}
+    return {"config": cell / "own.yaml", "jsonl": cell / "own.jsonl", "tokenizer": args.tokenizer,
+            "tokens": args.tokens}
 
 
 def main():
     p = OneLineParser(description=__doc__.split("\n\n")[0])
     for name in ("framework", "scenario", "script", "settings", "cell"):
         p.add_argument(f"--{name}", required=True)
-    for name in ("own-preset", "jsonl", "tokenizer"):
+    for name in ("own-preset", "jsonl", "tokenizer", "tokens"):
         p.add_argument(f"--{name}")
     args = p.parse_args()
     audit.require(args.framework)
@@ -40,7 +42,7 @@ def main():
     own = own_files(args, cell) if args.framework == "own" else None
     command, resume = audit.command(args.framework, scenario, args.script, sys.executable, own)
     try:
-        found = certify([str(t) for t in command], resume, cell / "certify", scenario.cut, repair=True,
+        found = certify([str(t) for t in command], resume, cell / "certify", scenario.cut, scenario.lose, repair=True,
                         control=args.scenario == audit.CONTROL_SCENARIO)
         row = audit.row_of(args.framework, args.scenario, found)
         if "control" in found:

@@ -22,6 +22,8 @@ class Scenario:
     dropout: float = 0.0
     accumulation: int = 1
     precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast and a GradScaler)
+    ranks: int = 1  # processes, DDP over gloo, through the framework's documented launcher
+    lose: int = 0  # SIGKILLed this many steps after the cut's checkpoint, which are lost (certify --lose)
 
 
 SCENARIOS = {
@@ -33,6 +35,9 @@ SCENARIOS = {
     "accumulation4": Scenario(5, "gradient accumulation 4, cut mid-epoch", accumulation=4),
     "bf16": Scenario(3, "bf16 autocast", precision="bf16"),
     "fp16": Scenario(3, "fp16 autocast with a GradScaler", precision="fp16"),
+    "lost_steps": Scenario(3, "SIGKILLed 2 steps after the cut's checkpoint", lose=2),
+    "ddp2": Scenario(3, "2 ranks, DDP over gloo, mid-epoch", ranks=2),
+    "ddp2_dropout": Scenario(3, "2 ranks with dropout 0.1: an RNG per rank", ranks=2, dropout=0.1),
 }
 CONTROL_SCENARIO = "mid_epoch"  # the cell that also runs its framework's negative control
 
@@ -74,12 +79,19 @@ def require(framework: str) -> None:
 
 
 def command(framework: str, scenario: Scenario, script: str, python: str, own: dict | None = None) -> tuple:
-    """(COMMAND, resume arguments) of a cell, for certify: FRAMEWORK's SCRIPT with SCENARIO as its own flags.
-    OWN: run.py's files for the own row (config, jsonl, tokenizer), whose scenario is in its config."""
+    """(COMMAND, resume arguments) of a cell, for certify: FRAMEWORK's SCRIPT with SCENARIO as its own flags,
+    under torchrun where it has several ranks (Lightning starts its own). OWN: run.py's files for the own row
+    (config, jsonl, tokenizer), whose scenario is in its config."""
     s, flags = scenario, []
-    if framework == "own":
-        return ([python, script, "--config", own["config"], "--jsonl", own["jsonl"], "--tokenizer", own["tokenizer"],
-                 "--out", "{run}/weights.pth", "--checkpoint-dir", "{run}/checkpoints"], "")  # auto-resume
+    launch = [python]
+    if s.ranks > 1 and framework != "lightning" and framework != "lightning_stateful":
+        # torchrun: https://docs.pytorch.org/docs/stable/elastic/run.html; Trainer and Accelerate scripts run
+        # under it as they are (https://huggingface.co/docs/accelerate/basic_tutorials/launch#using-torchrun)
+        launch = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(s.ranks)]
+    if framework == "own":  # auto-resumes from its checkpoint folder: no resume arguments
+        data = ["--tokens", own["tokens"]] if s.ranks > 1 else ["--jsonl", own["jsonl"], "--tokenizer", own["tokenizer"]]
+        return ([*launch, script, "--config", own["config"], *data, "--out", "{run}/weights.pth", "--checkpoint-dir",
+                 "{run}/checkpoints"], "")
     if framework == "transformers":
         flags = ["--output_dir", "{run}", "--save_steps", s.cut, "--dropout", s.dropout,
                  "--gradient_accumulation_steps", s.accumulation, "--dataloader_num_workers", s.workers]
@@ -94,20 +106,23 @@ def command(framework: str, scenario: Scenario, script: str, python: str, own: d
         flags = ["--out", "{run}", "--every", s.cut, "--dropout", s.dropout, "--accumulate_grad_batches",
                  s.accumulation, "--num_workers", s.workers,
                  "--precision", {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}[s.precision]]
-        flags += ["--stateful_loader"] if framework == "lightning_stateful" else []
+        flags += ["--devices", s.ranks] + (["--stateful_loader"] if framework == "lightning_stateful" else [])
         resume = "--ckpt_path {run}/step={step}.ckpt"
-    return [python, script, "--max_steps", STEPS, *flags], resume
+    return [*launch, script, "--max_steps", STEPS, *flags], resume
 
 
 def own_config(base: dict, scenario: Scenario, settings: dict) -> dict:
     """run.py's settings for the own row: BASE (presets/certify-own.yaml) with the audit's seed, threads and
     vocabulary (SETTINGS), its sizes, a checkpoint at every cut, and SCENARIO; MiniMind's own data format, so
-    that it has epochs and DataLoader workers."""
+    that it has epochs and DataLoader workers, but on several ranks the windows format (run.py runs MiniMind's
+    on one rank: an epoch's short last batch cannot be cut into equal rank slices)."""
     return {**base, "seed": settings["seed"], "threads": settings["threads"], "steps": STEPS, "batch_size": 4,
             "accumulation_steps": scenario.accumulation, "precision": scenario.precision,
             "model": {**base["model"], "dropout": scenario.dropout, "vocab_size": settings["model"]["vocab_size"]},
             "checkpoint": {**base["checkpoint"], "every": scenario.cut},
-            "data": {**base["data"], "format": "minimind", "workers": scenario.workers}}
+            "parallel": {**base["parallel"], "world_size": scenario.ranks},
+            "data": {**base["data"], "format": "minimind" if scenario.ranks == 1 else "windows",
+                     "workers": scenario.workers}}
 
 
 def row_of(framework: str, scenario: str, found: dict) -> dict:
@@ -191,7 +206,8 @@ def summary_table(rows: list, controls: list, fp16: dict) -> str:
         v = verdict(r)
         if v == "exact":
             return "exact"
-        where = f"step {r['first_step']}: {r['first_state']}" if r["first_step"] != "" else "weights"
+        rank = f", rank {r['first_rank']}" if SCENARIOS[r["scenario"]].ranks > 1 else ""
+        where = f"step {r['first_step']}{rank}: {r['first_state']}" if r["first_step"] != "" else "weights"
         return {"repaired": f"**{where}**, repaired", "unknown": f"**{where}**, cause unknown",
                 "failed": "resume failed"}[v]
 
