@@ -17,7 +17,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from tiny_lm import TinyLM, random_tokens
+from tiny_lm import TinyLM, masking_collate, random_tokens
 
 
 def main():
@@ -30,6 +30,7 @@ def main():
     p.add_argument("--gradient_accumulation_steps", type=int, default=1)
     p.add_argument("--num_workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--mixed_precision", choices=("no", "bf16", "fp16"), default="no")
+    p.add_argument("--random_collator", action="store_true", help="a collate_fn that masks tokens at random")
     args = p.parse_args()
     accumulation = args.gradient_accumulation_steps
     accelerator = Accelerator(cpu=True, mixed_precision=args.mixed_precision, gradient_accumulation_steps=accumulation)
@@ -38,7 +39,8 @@ def main():
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.max_steps)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(random_tokens()), batch_size=4, shuffle=True,
-                                         num_workers=args.num_workers)
+                                         num_workers=args.num_workers,
+                                         collate_fn=masking_collate if args.random_collator else None)
     model, optimizer, loader, schedule = accelerator.prepare(model, optimizer, loader, schedule)
 
     step, starting_epoch, resume_step = 0, 0, None

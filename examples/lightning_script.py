@@ -14,7 +14,7 @@ import argparse
 import lightning as L
 import torch
 
-from tiny_lm import TinyLM, random_tokens
+from tiny_lm import TinyLM, masking_collate, random_tokens
 
 BATCH = 4
 
@@ -79,17 +79,20 @@ def main():
     p.add_argument("--num_workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--precision", choices=("32-true", "bf16-mixed", "16-mixed"), default="32-true")
     p.add_argument("--stateful_loader", action="store_true", help="a train loader Lightning saves and restores")
+    p.add_argument("--random_collator", action="store_true", help="a collate_fn that masks tokens at random")
     p.add_argument("--devices", type=int, default=1, help="processes: more than 1 is DDP over gloo, launched by "
                    "Lightning itself (https://lightning.ai/docs/pytorch/stable/accelerators/gpu_intermediate.html)")
     args = p.parse_args()
     L.seed_everything(0, workers=True)
     module = TinyLightning(args.dropout, args.max_steps)
     data = torch.utils.data.TensorDataset(random_tokens())
+    collate = masking_collate if args.random_collator else None
     if args.stateful_loader:  # a generator of its own for the workers' base seed too: iter() draws no global RNG
-        loader = ResumableLoader(data, batch_size=BATCH, sampler=EpochSampler(len(data), 0),
+        loader = ResumableLoader(data, batch_size=BATCH, sampler=EpochSampler(len(data), 0), collate_fn=collate,
                                  num_workers=args.num_workers, generator=torch.Generator().manual_seed(0))
     else:
-        loader = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True, num_workers=args.num_workers)
+        loader = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True, num_workers=args.num_workers,
+                                             collate_fn=collate)
     saver = L.pytorch.callbacks.ModelCheckpoint(args.out, filename="{step}", every_n_train_steps=args.every,
                                                 save_top_k=-1)
     trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",

@@ -24,3 +24,14 @@ class TinyLM(torch.nn.Module):
 def random_tokens() -> torch.Tensor:
     """SAMPLES rows of SEQ_LEN tokens, the same in every process (a generator of their own)."""
     return torch.randint(0, VOCAB, (SAMPLES, SEQ_LEN), generator=torch.Generator().manual_seed(2))
+
+
+def random_mask(tokens: torch.Tensor) -> torch.Tensor:
+    """A collator's random draw, as masking and augmentation make: about 15% of the tokens set to 0, drawn
+    from the global torch RNG (in the main process, or in a DataLoader worker)."""
+    return tokens.masked_fill(torch.rand(tokens.shape) < 0.15, 0)
+
+
+def masking_collate(items: list) -> list:
+    """A DataLoader collate_fn for rows of a TensorDataset, each batch masked by random_mask."""
+    return [random_mask(torch.stack([row for (row,) in items]))]

@@ -12,7 +12,7 @@ import argparse
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
-from tiny_lm import SEQ_LEN, VOCAB, random_tokens
+from tiny_lm import SEQ_LEN, VOCAB, random_mask, random_tokens
 
 
 class RandomTokens(torch.utils.data.Dataset):
@@ -26,6 +26,13 @@ class RandomTokens(torch.utils.data.Dataset):
         return {"input_ids": self.tokens[i], "labels": self.tokens[i]}
 
 
+def masking_collator(items: list) -> dict:
+    """A data_collator that draws random numbers, as masking and augmentation do: the inputs masked at random
+    (https://huggingface.co/docs/transformers/en/main_classes/data_collator: any callable on a list of items)."""
+    input_ids = torch.stack([item["input_ids"] for item in items])
+    return {"input_ids": random_mask(input_ids), "labels": input_ids}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--output_dir", required=True)
@@ -37,6 +44,7 @@ def main():
     p.add_argument("--dataloader_num_workers", type=int, default=0)
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--fp16", action="store_true")
+    p.add_argument("--random_collator", action="store_true", help="a data_collator that masks tokens at random")
     args = p.parse_args()
     training = TrainingArguments(
         output_dir=args.output_dir, max_steps=args.max_steps, save_strategy="steps", save_steps=args.save_steps,
@@ -49,7 +57,8 @@ def main():
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ_LEN,
                          attention_dropout=args.dropout)
-    trainer = Trainer(model=LlamaForCausalLM(config), args=training, train_dataset=RandomTokens())
+    trainer = Trainer(model=LlamaForCausalLM(config), args=training, train_dataset=RandomTokens(),
+                      data_collator=masking_collator if args.random_collator else None)
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
 
 

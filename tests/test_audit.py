@@ -140,9 +140,10 @@ def test_every_number_in_the_audit_summary_is_recomputed_from_the_files(built):
     assert (built / "matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_resume_the_framework_refuses_is_the_cells_result_not_the_dags_failure(monkeypatch, tmp_path):
+def test_a_refused_resume_or_a_scenario_the_script_cannot_run_is_the_cells_result(monkeypatch, tmp_path):
     """Catches: a framework's failing resume that stops the whole audit, or a cell that then claims a verdict;
-    and any other failure (a straight run that fails) passed off as a cell's result."""
+    any other failure (a straight run that fails) passed off as a cell's result; a scenario a script cannot run
+    that is run anyway or counted as a verdict."""
     sys.path.insert(0, str(SCRIPTS))
     import audit_cell
     from certkit.runs import CannotJudge
@@ -163,6 +164,11 @@ def test_a_resume_the_framework_refuses_is_the_cells_result_not_the_dags_failure
     with pytest.raises(UserError, match="straight run failed"):
         audit_cell.main()
     assert not (tmp_path / "cell.json").exists()
+    # a scenario the script has no way to run: the cell says so and runs nothing (certify would raise here)
+    monkeypatch.setattr(sys, "argv", [*argv[:2], "own", "--scenario", "random_collator", *argv[5:]])
+    audit_cell.main()
+    cell = json.loads((tmp_path / "cell.json").read_text())
+    assert audit.verdict(cell) == "unsupported" and cell["cause"].startswith("not supported: run.py")
 
 
 def test_an_unknown_framework_in_the_config_is_one_line_naming_the_key(built):

@@ -39,6 +39,10 @@ def main():
     args = p.parse_args()
     audit.require(args.framework)
     cell, scenario = Path(args.cell), audit.SCENARIOS[args.scenario]
+    empty = {"deterministic": "", "exact": False, "first": None}
+    if args.framework in dict(scenario.unsupported):
+        row = audit.unsupported(audit.row_of(args.framework, args.scenario, empty))
+        return write_text_atomic(cell / "cell.json", json.dumps(row, indent=1) + "\n")
     own = own_files(args, cell) if args.framework == "own" else None
     command, resume = audit.command(args.framework, scenario, args.script, sys.executable, own)
     try:
@@ -50,8 +54,7 @@ def main():
     except CannotJudge as e:  # the framework's resume failing is the cell's result, not the DAG's failure
         if not str(e).startswith("resume failed"):
             raise UserError(f"{args.framework} {args.scenario}: {e}") from None
-        row = {**audit.row_of(args.framework, args.scenario, {"deterministic": "", "exact": False, "first": None}),
-               "cause": str(e)}
+        row = {**audit.row_of(args.framework, args.scenario, empty), "cause": str(e)}
         print(f"audit: {e}", file=sys.stderr)
     write_text_atomic(cell / "cell.json", json.dumps(row, indent=1) + "\n")
 

@@ -24,6 +24,8 @@ class Scenario:
     precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast and a GradScaler)
     ranks: int = 1  # processes, DDP over gloo, through the framework's documented launcher
     lose: int = 0  # SIGKILLed this many steps after the cut's checkpoint, which are lost (certify --lose)
+    random_collator: bool = False  # a collator that draws from the global RNG (masking, augmentation)
+    unsupported: tuple = ()  # (row, why) where the script has no way to do it: the cell says so
 
 
 SCENARIOS = {
@@ -38,6 +40,8 @@ SCENARIOS = {
     "lost_steps": Scenario(3, "SIGKILLed 2 steps after the cut's checkpoint", lose=2),
     "ddp2": Scenario(3, "2 ranks, DDP over gloo, mid-epoch", ranks=2),
     "ddp2_dropout": Scenario(3, "2 ranks with dropout 0.1: an RNG per rank", ranks=2, dropout=0.1),
+    "random_collator": Scenario(3, "a collator that masks tokens at random", random_collator=True, unsupported=(
+        ("own", "run.py's data path has no collator option (docs/checkpoints.md: the data position is a value)"),)),
 }
 CONTROL_SCENARIO = "mid_epoch"  # the cell that also runs its framework's negative control
 
@@ -96,17 +100,20 @@ def command(framework: str, scenario: Scenario, script: str, python: str, own: d
         flags = ["--output_dir", "{run}", "--save_steps", s.cut, "--dropout", s.dropout,
                  "--gradient_accumulation_steps", s.accumulation, "--dataloader_num_workers", s.workers]
         flags += {"fp32": [], "bf16": ["--bf16"], "fp16": ["--fp16"]}[s.precision]
+        flags += ["--random_collator"] if s.random_collator else []
         resume = "--resume_from_checkpoint {run}/checkpoint-{step}"
     elif framework == "accelerate":
         flags = ["--output_dir", "{run}", "--checkpointing_steps", s.cut, "--dropout", s.dropout,
                  "--gradient_accumulation_steps", s.accumulation, "--num_workers", s.workers,
                  "--mixed_precision", {"fp32": "no"}.get(s.precision, s.precision)]
+        flags += ["--random_collator"] if s.random_collator else []
         resume = "--resume_from_checkpoint {run}/step_{step}"
     else:  # lightning, lightning_stateful
         flags = ["--out", "{run}", "--every", s.cut, "--dropout", s.dropout, "--accumulate_grad_batches",
                  s.accumulation, "--num_workers", s.workers,
                  "--precision", {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}[s.precision]]
         flags += ["--devices", s.ranks] + (["--stateful_loader"] if framework == "lightning_stateful" else [])
+        flags += ["--random_collator"] if s.random_collator else []
         resume = "--ckpt_path {run}/step={step}.ckpt"
     return [*launch, script, "--max_steps", STEPS, *flags], resume
 
@@ -166,9 +173,17 @@ COLUMNS = ("framework", "version", "torch", "scenario", "exact", "max_abs_dw", "
            "repair_exact", "deterministic")
 
 
+def unsupported(row: dict) -> dict:
+    """A cell whose script has no way to run its scenario (ROW without a verdict): it says why."""
+    why = dict(SCENARIOS[row["scenario"]].unsupported)[row["framework"]]
+    return {**row, "cause": f"not supported: {why}"}
+
+
 def verdict(row: dict) -> str:
     """exact; repaired (the named piece restored by hand made it exact); failed (the resume did not run);
-    unknown (no repair made it exact)."""
+    unknown (no repair made it exact); unsupported (the script cannot run the scenario)."""
+    if row["cause"].startswith("not supported"):
+        return "unsupported"
     if str(row["exact"]) == "True":
         return "exact"
     if str(row["repair_exact"]) == "True":
@@ -209,7 +224,7 @@ def summary_table(rows: list, controls: list, fp16: dict) -> str:
         rank = f", rank {r['first_rank']}" if SCENARIOS[r["scenario"]].ranks > 1 else ""
         where = f"step {r['first_step']}{rank}: {r['first_state']}" if r["first_step"] != "" else "weights"
         return {"repaired": f"**{where}**, repaired", "unknown": f"**{where}**, cause unknown",
-                "failed": "resume failed"}[v]
+                "failed": "resume failed", "unsupported": "not supported"}[v]
 
     lines = ["| framework | " + " | ".join(scenarios) + " |", "|---" * (len(scenarios) + 1) + "|"]
     for f in frameworks:
@@ -218,8 +233,11 @@ def summary_table(rows: list, controls: list, fp16: dict) -> str:
         lines.append(f"| {label} | " + " | ".join(cell(by[f, s]) for s in scenarios) + " |")
     exact = sum(verdict(r) == "exact" for r in rows)
     repaired = sum(verdict(r) == "repaired" for r in rows)
-    lines += ["", f"{exact} of {len(rows)} cells bit-exact; {repaired} more exact once the piece the certificate "
-              f"named is restored by hand; {len(rows) - exact - repaired} neither. torch {rows[0]['torch']}; "
+    judged = [r for r in rows if verdict(r) != "unsupported"]
+    lines += ["", f"{exact} of {len(judged)} cells bit-exact; {repaired} more exact once the piece the certificate "
+              f"named is restored by hand; {len(judged) - exact - repaired} neither"
+              + (f"; {len(rows) - len(judged)} not supported by their script" if len(judged) < len(rows) else "")
+              + f". torch {rows[0]['torch']}; "
               f"{STEPS} optimizer steps, cut per scenario; max |Δw| and causes in matrix.csv."]
     caught = [c for c in controls if c["caught"]]
     lines.append(f"Negative controls (optimizer state emptied): {len(caught)} of {len(controls)} caught at the "

@@ -55,7 +55,8 @@ def plot_gaps(losses: dict[str, dict[int, float]], stop_at: int, path) -> None:
     plt.close(fig)
 
 
-AUDIT_COLOURS = {"exact": "#4caf50", "repaired": "#ffb300", "unknown": "#e53935", "failed": "#757575"}
+AUDIT_COLOURS = {"exact": "#4caf50", "repaired": "#ffb300", "unknown": "#e53935", "failed": "#757575",
+                 "unsupported": "#ffffff"}
 
 
 def plot_audit(grid: list[list[str]], frameworks: list, scenarios: list, path) -> None:
