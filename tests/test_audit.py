@@ -171,6 +171,34 @@ def test_a_refused_resume_or_a_scenario_the_script_cannot_run_is_the_cells_resul
     assert audit.verdict(cell) == "unsupported" and cell["cause"].startswith("not supported: run.py")
 
 
+def test_a_control_is_caught_only_in_the_optimizer_at_the_step_after_the_cut_and_a_failed_one_is_not():
+    """Catches: a control called caught at another step or in another piece (a weight changed later is no
+    proof that the certificate sees the optimizer), a control run that fails passed off as caught, a control
+    run without the repairs its cell needed, a summary that counts controls it did not check."""
+    from certkit import recorder, runs
+
+    straight = {0: {s: {"rank": 0, "step": s, **{p: f"{p}@{s}" for p in recorder.PIECES}} for s in range(1, 7)}}
+    found = {"stop_after": 3, "last_step": 6, "not_compared": [], "repair": {"restored": ["samples"]}}
+
+    def control_run(step, piece, code=0):
+        def run(pieces):
+            assert pieces == ["samples"]  # the cell's repairs are put back, so only the emptied optimizer is left
+            rows = {0: {s: dict(straight[0][s]) for s in range(4, 7)}}
+            rows[0][step][piece] = "emptied"
+            return code, rows, {}
+        return run
+
+    outcomes = {(step, piece, code): runs.controlled(found, straight, control_run(step, piece, code))
+                for step, piece, code in [(4, "optimizer", 0), (4, "params", 0), (5, "optimizer", 0), (4, "optimizer", 1)]}
+    assert [o["caught"] for o in outcomes.values()] == [True, False, False, False]
+    assert "failed" in outcomes[4, "optimizer", 1]["why"]
+    controls = [audit.control_of(f, {"stop_after": 3, "control": outcomes[key]})
+                for f, key in (("own", (4, "optimizer", 0)), ("accelerate", (4, "params", 0)))]
+    rows = [{"framework": f, "version": "-", "torch": "2", "scenario": SCENARIO, "exact": True, "repair_exact": "",
+             "cause": "", "first_step": "", "first_state": ""} for f in ("own", "accelerate")]
+    assert "1 of 2 caught at the first step after the cut" in audit.summary_table(rows, controls, {})
+
+
 def test_an_unknown_framework_in_the_config_is_one_line_naming_the_key(built):
     """Catches: a typo in audit.frameworks that silently audits nothing, or fails with a traceback."""
     work = built.parent.parent
