@@ -188,8 +188,8 @@ def test_a_control_is_caught_only_in_the_optimizer_at_the_step_after_the_cut_and
             return code, rows, {}
         return run
 
-    outcomes = {(step, piece, code): runs.controlled(found, straight, control_run(step, piece, code))
-                for step, piece, code in [(4, "optimizer", 0), (4, "params", 0), (5, "optimizer", 0), (4, "optimizer", 1)]}
+    cases = [(4, "optimizer", 0), (4, "params", 0), (5, "optimizer", 0), (4, "optimizer", 1)]
+    outcomes = {case: runs.controlled(found, straight, control_run(*case)) for case in cases}
     assert [o["caught"] for o in outcomes.values()] == [True, False, False, False]
     assert "failed" in outcomes[4, "optimizer", 1]["why"]
     controls = [audit.control_of(f, {"stop_after": 3, "control": outcomes[key]})

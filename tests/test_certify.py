@@ -124,8 +124,8 @@ def test_an_emptied_optimizer_state_is_named_optimizer_state_and_so_is_certifys_
     assert proc.returncode == 0 and verdict["exact"] and verdict["max_abs_dw"] == 0.0, proc.stderr[-2000:]
     control = verdict["control"]
     assert control["caught"] and (control["first"]["step"], control["first"]["piece"]) == (6, "optimizer")
-    emptied = [json.loads(line) for line in (tmp_path / "control" / "control" / "rank0.jsonl").read_text().splitlines()]
-    straight = [json.loads(line) for line in (tmp_path / "control" / "straight" / "rank0.jsonl").read_text().splitlines()]
+    emptied, straight = ([json.loads(line) for line in (tmp_path / "control" / run / "rank0.jsonl").open()]
+                         for run in ("control", "straight"))
     first = emptied[0]
     assert first["step"] == 6 and first["gradients"] == straight[5]["gradients"]
     assert first["optimizer"] != straight[5]["optimizer"]
