@@ -44,11 +44,11 @@ lint: $(BIN)/.test
 readme: results
 	$(RUN) snakemake --cores all dist
 	$(RUN) snakemake --cores all --configfile config.yaml presets/minimind-parity.yaml
-	$(RUN) snakemake --cores all audit crash certify
+	$(RUN) snakemake --cores all audit audit_releases crash certify
 	$(BIN)/python workflow/scripts/update_readme.py README.md docs/*.md results=results/summary.md \
 		settings=results/settings.md dist=results/dist/summary.md bench=bench/targets.md \
 		parity=results/minimind-parity/summary.md audit=results/audit/summary.md crash=results/crash/states.md \
-		certify=results/certify/summary.md
+		certify=results/certify/summary.md releases=results/audit/releases.md
 
 # the benchmark (minutes; run it on a quiet machine): bench/results.md, results.csv, targets.md
 bench: $(BIN)/.test

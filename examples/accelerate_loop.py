@@ -6,7 +6,9 @@ skip_first_batches for the batches of the resumed epoch already trained on; the 
 resume arithmetic as in https://github.com/huggingface/accelerate/blob/main/examples/by_feature/checkpointing.py
 (k counts optimizer steps, so k * accumulation batches, as in the no_trainer examples); gradient accumulation
 with accelerator.accumulate: https://huggingface.co/docs/accelerate/usage_guides/gradient_accumulation.
-A tiny causal LM on random tokens (tiny_lm.py).
+--use_stateful_dataloader: DataLoaderConfiguration(use_stateful_dataloader=True), torchdata's StatefulDataLoader,
+whose state save_state keeps and load_state restores, "instead of additionally calling skip_first_batches"
+(the checkpointing page, "Restoring the state of the DataLoader"). A tiny causal LM on random tokens (tiny_lm.py).
 """
 
 import argparse
@@ -17,7 +19,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from tiny_lm import TinyLM, masking_collate, random_tokens
+from tiny_lm import TinyLM, masking_collate, random_tokens, warmup_cosine
 
 
 def main():
@@ -31,13 +33,21 @@ def main():
     p.add_argument("--num_workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--mixed_precision", choices=("no", "bf16", "fp16"), default="no")
     p.add_argument("--random_collator", action="store_true", help="a collate_fn that masks tokens at random")
+    p.add_argument("--warmup_steps", type=int, default=0, help="a linear warmup before the cosine schedule")
+    p.add_argument("--use_stateful_dataloader", action="store_true", help="torchdata's StatefulDataLoader")
     args = p.parse_args()
     accumulation = args.gradient_accumulation_steps
-    accelerator = Accelerator(cpu=True, mixed_precision=args.mixed_precision, gradient_accumulation_steps=accumulation)
+    stateful = {}
+    if args.use_stateful_dataloader:  # only then: older releases lack the option
+        from accelerate.utils import DataLoaderConfiguration
+
+        stateful = {"dataloader_config": DataLoaderConfiguration(use_stateful_dataloader=True)}
+    accelerator = Accelerator(cpu=True, mixed_precision=args.mixed_precision, gradient_accumulation_steps=accumulation,
+                              **stateful)
     set_seed(0)
     model = TinyLM(args.dropout)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.max_steps)
+    schedule = warmup_cosine(optimizer, args.max_steps, args.warmup_steps)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(random_tokens()), batch_size=4, shuffle=True,
                                          num_workers=args.num_workers,
                                          collate_fn=masking_collate if args.random_collator else None)
@@ -49,8 +59,8 @@ def main():
         step = int(Path(args.resume_from_checkpoint).name.split("_")[1])
         starting_epoch, resume_step = divmod(step * accumulation, len(loader))
     for epoch in range(starting_epoch, math.ceil(args.max_steps * accumulation / len(loader))):
-        batches = accelerator.skip_first_batches(loader, resume_step) if epoch == starting_epoch and resume_step \
-            else loader
+        skip = epoch == starting_epoch and resume_step and not args.use_stateful_dataloader
+        batches = accelerator.skip_first_batches(loader, resume_step) if skip else loader
         for (tokens,) in batches:
             with accelerator.accumulate(model):
                 loss = model(tokens)

@@ -6,7 +6,9 @@ trainer.fit(..., ckpt_path=...) (https://lightning.ai/docs/pytorch/stable/common
 seed_everything and deterministic=True (https://lightning.ai/docs/pytorch/stable/common/trainer.html#reproducibility).
 --stateful_loader trains on a loader with state_dict() / load_state_dict(), which the fit loop saves in the
 checkpoint and restores in the middle of an epoch: the fix Lightning's docs leave to the user for a plain
-shuffled DataLoader. A tiny causal LM on random tokens (tiny_lm.py).
+shuffled DataLoader. --torchdata trains on torchdata's StatefulDataLoader instead, which has that protocol
+(https://docs.pytorch.org/data/0.11/torchdata.stateful_dataloader.html). A tiny causal LM on random tokens
+(tiny_lm.py).
 """
 
 import argparse
@@ -14,15 +16,15 @@ import argparse
 import lightning as L
 import torch
 
-from tiny_lm import TinyLM, masking_collate, random_tokens
+from tiny_lm import TinyLM, masking_collate, random_tokens, warmup_cosine
 
 BATCH = 4
 
 
 class TinyLightning(L.LightningModule):
-    def __init__(self, dropout: float, steps: int):
+    def __init__(self, dropout: float, steps: int, warmup: int):
         super().__init__()
-        self.lm, self.steps = TinyLM(dropout), steps
+        self.lm, self.steps, self.warmup = TinyLM(dropout), steps, warmup
 
     def training_step(self, batch, batch_idx):
         return self.lm(batch[0])
@@ -30,7 +32,7 @@ class TinyLightning(L.LightningModule):
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(self.parameters(), lr=3e-3)
         return {"optimizer": optimizer, "lr_scheduler": {
-            "scheduler": torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, self.steps), "interval": "step"}}
+            "scheduler": warmup_cosine(optimizer, self.steps, self.warmup), "interval": "step"}}
 
 
 class EpochSampler(torch.utils.data.Sampler):
@@ -80,16 +82,23 @@ def main():
     p.add_argument("--precision", choices=("32-true", "bf16-mixed", "16-mixed"), default="32-true")
     p.add_argument("--stateful_loader", action="store_true", help="a train loader Lightning saves and restores")
     p.add_argument("--random_collator", action="store_true", help="a collate_fn that masks tokens at random")
+    p.add_argument("--warmup_steps", type=int, default=0, help="a linear warmup before the cosine schedule")
+    p.add_argument("--torchdata", action="store_true", help="torchdata's StatefulDataLoader as the train loader")
     p.add_argument("--devices", type=int, default=1, help="processes: more than 1 is DDP over gloo, launched by "
                    "Lightning itself (https://lightning.ai/docs/pytorch/stable/accelerators/gpu_intermediate.html)")
     args = p.parse_args()
     L.seed_everything(0, workers=True)
-    module = TinyLightning(args.dropout, args.max_steps)
+    module = TinyLightning(args.dropout, args.max_steps, args.warmup_steps)
     data = torch.utils.data.TensorDataset(random_tokens())
     collate = masking_collate if args.random_collator else None
     if args.stateful_loader:  # a generator of its own for the workers' base seed too: iter() draws no global RNG
         loader = ResumableLoader(data, batch_size=BATCH, sampler=EpochSampler(len(data), 0), collate_fn=collate,
                                  num_workers=args.num_workers, generator=torch.Generator().manual_seed(0))
+    elif args.torchdata:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        loader = StatefulDataLoader(data, batch_size=BATCH, shuffle=True, num_workers=args.num_workers,
+                                    collate_fn=collate)
     else:
         loader = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True, num_workers=args.num_workers,
                                              collate_fn=collate)

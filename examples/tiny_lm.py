@@ -35,3 +35,14 @@ def random_mask(tokens: torch.Tensor) -> torch.Tensor:
 def masking_collate(items: list) -> list:
     """A DataLoader collate_fn for rows of a TensorDataset, each batch masked by random_mask."""
     return [random_mask(torch.stack([row for (row,) in items]))]
+
+
+def warmup_cosine(optimizer, steps: int, warmup: int):
+    """torch's LR schedulers chained as their docs show: a linear warmup over WARMUP steps (from a tenth of
+    the LR), then cosine to the end; cosine alone without a warmup.
+    https://docs.pytorch.org/docs/stable/generated/torch.optim.lr_scheduler.SequentialLR.html"""
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps - warmup)
+    if not warmup:
+        return cosine
+    linear = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=warmup)
+    return torch.optim.lr_scheduler.SequentialLR(optimizer, [linear, cosine], milestones=[warmup])

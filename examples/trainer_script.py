@@ -45,12 +45,14 @@ def main():
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--random_collator", action="store_true", help="a data_collator that masks tokens at random")
+    p.add_argument("--warmup_steps", type=int, default=0, help="a linear warmup before the cosine schedule")
     args = p.parse_args()
     training = TrainingArguments(
         output_dir=args.output_dir, max_steps=args.max_steps, save_strategy="steps", save_steps=args.save_steps,
         per_device_train_batch_size=4, learning_rate=3e-3, lr_scheduler_type="cosine", seed=0, data_seed=0,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         dataloader_num_workers=args.dataloader_num_workers, bf16=args.bf16, fp16=args.fp16,
+        warmup_steps=args.warmup_steps,
         use_cpu=True, report_to="none", logging_strategy="no", disable_tqdm=True,
     )
     torch.manual_seed(0)

@@ -9,6 +9,7 @@ import json
 import random
 import re
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -22,6 +23,8 @@ from mmkit.errors import UserError
 FRAMEWORKS = ["own", "transformers", "accelerate", "lightning"]
 SCENARIO = "mid_epoch"
 SCENARIOS = [SCENARIO, "ddp2"]  # the cut is the same in both
+# and one cell beyond the matrix: a SIGKILL 2 steps after the cut's checkpoint, the steps between lost
+CELLS = [(f, s) for s in SCENARIOS for f in FRAMEWORKS] + [("transformers", "lost_steps")]
 CUT = audit.SCENARIOS[SCENARIO].cut
 # the pieces in the causal order docs/certify.md states, what a step reads before what it writes
 CAUSAL = ["samples", "rng_torch", "rng_numpy", "rng_python", "rng_cuda", "gradients", "scale", "lr", "optimizer",
@@ -37,7 +40,8 @@ def built(pristine_pipeline, tmp_path_factory):
     shutil.copytree(pristine_pipeline, work, symlinks=True)
     copy_workflow(work)
     (work / "audit.yaml").write_text(yaml.safe_dump({"audit": {"frameworks": FRAMEWORKS, "scenarios": SCENARIOS}}))
-    snakemake(work, "audit", configfiles=("config.yaml", "tiny.yaml", "audit.yaml"))
+    snakemake(work, "audit", "results/audit/transformers/lost_steps/cell.json",
+              configfiles=("config.yaml", "tiny.yaml", "audit.yaml"))
     return work / "results" / "audit"
 
 
@@ -69,13 +73,14 @@ def judged_from_files(runs, scenario: str, repaired: bool) -> dict:
     forwards (Lightning runs them inside optimizer.step, in a closure), and that the stopped run repeated the
     straight one."""
     exact, firsts, repaired_ok = True, [], True
+    cut = audit.SCENARIOS[scenario].cut
     for rank in range(audit.SCENARIOS[scenario].ranks):
         straight, stopped, resumed = (rows(runs / name, rank) for name in ("straight", "stopped", "resumed"))
         assert sorted(straight) == list(range(1, audit.STEPS + 1))
         assert {r["forwards"] for r in straight.values()} == {audit.SCENARIOS[scenario].accumulation}
-        assert sorted(resumed) == list(range(CUT + 1, audit.STEPS + 1))  # a new process, from the cut
+        assert sorted(resumed) == list(range(cut + 1, audit.STEPS + 1))  # a new process, from the cut
         ignore = unseeded(straight, stopped)
-        assert all(not differing(straight[s], stopped[s], ignore) for s in range(1, CUT + 1)), "not deterministic"
+        assert all(not differing(straight[s], stopped[s], ignore) for s in range(1, cut + 1)), "not deterministic"
         diffs = {s: differing(straight[s], resumed[s], ignore) for s in sorted(resumed)}
         exact &= same_final(runs / "straight", runs / "resumed", rank) and not any(diffs.values())
         firsts += [(s, CAUSAL.index(d[0]), d[0]) for s, d in diffs.items() if d][:1]
@@ -87,14 +92,18 @@ def judged_from_files(runs, scenario: str, repaired: bool) -> dict:
     return {"exact": exact, "first": first and (first[0], first[2]), "repaired": repaired and repaired_ok}
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
-@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("framework,scenario", CELLS)
 def test_each_framework_resumes_through_its_own_resume_and_the_cell_says_how_exactly(built, framework, scenario):
     """Catches: a cell that calls a resume exact when a tensor differs on any rank (or the reverse), a first
     difference that is not the first (at the first differing step, the piece that comes first on any rank), a
-    resume that did not start right after the cut, a rank not recorded, a stopped run that did not repeat the
-    straight one, a repair called exact whose run does not match the straight run."""
+    resume that did not start right after the cut (after lost steps too), a rank not recorded, a stopped run
+    that did not repeat the straight one, a repair called exact whose run does not match the straight run."""
     cell = json.loads((built / framework / scenario / "cell.json").read_text())
+    stopped = built / framework / scenario / "certify" / "stopped"
+    # the rank that killed the group wrote it, flushed and synced (another rank's last line may be cut)
+    killed = {json.loads(line)["killed"] for f in stopped.glob("rank*.jsonl") for line in f.read_text().splitlines()
+              if line.startswith('{"rank": ') and '"killed": ' in line and line.endswith("}")}
+    assert killed == {CUT + 1 + audit.SCENARIOS[scenario].lose}
     found = judged_from_files(built / framework / scenario / "certify", scenario, cell["repair_exact"] is True)
     assert cell["exact"] == found["exact"]
     if not found["exact"] and found["first"]:
@@ -121,7 +130,7 @@ def test_each_negative_control_is_caught_at_the_first_step_after_the_cut(built, 
 def test_every_number_in_the_audit_summary_is_recomputed_from_the_files(built):
     """Catches: a summary whose counts or controls are typed, stale, or computed from another cell."""
     summary = (built / "summary.md").read_text()
-    cells = {(f, sc): built / f / sc for f in FRAMEWORKS for sc in SCENARIOS}
+    cells = {(f, sc): built / f / sc for f, sc in CELLS if sc in SCENARIOS}
     exact = sum(judged_from_files(c / "certify", sc, False)["exact"] for (_, sc), c in cells.items())
     caught = 0
     for f in FRAMEWORKS:
@@ -138,6 +147,73 @@ def test_every_number_in_the_audit_summary_is_recomputed_from_the_files(built):
     assert matrix[0] == ",".join(audit.COLUMNS) and len(matrix) == 1 + len(cells)
     assert f"torch {torch.__version__.split('+')[0]}" in summary
     assert (built / "matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# Two environments of the audit across releases: the Trainer (this environment's transformers) on two
+# releases of accelerate, which its resume goes through (skip_first_batches, the prepared loader's sampler)
+PAIR = {"transformers": audit.version("transformers"), "accelerate": ("1.14.0", audit.version("accelerate")),
+        "scenario": "second_epoch"}
+
+
+def test_two_releases_of_the_package_a_resume_goes_through_are_told_apart_and_tabled(built):
+    """Catches: a release cell run in this environment instead of its own venv (what each venv imports is read
+    back here, and the certificate names its interpreter), a row naming the wrong release or leaving out the
+    package the resume goes through, a verdict the certificates do not support, a first release exact that
+    does not follow from the two verdicts, releases out of order in the CSV."""
+    work = built.parent.parent
+    releases = [f"transformers=={PAIR['transformers']} accelerate=={v}" for v in PAIR["accelerate"]]
+    (work / "releases.yaml").write_text(yaml.safe_dump({"audit_releases": {
+        "scenarios": [PAIR["scenario"]], "envs": str(work / "envs"),
+        "releases": {"transformers": releases, "accelerate": [], "lightning": []}}}))
+    snakemake(work, "audit_releases", configfiles=("config.yaml", "tiny.yaml", "audit.yaml", "releases.yaml"))
+    exact = []
+    for requirements, accelerate in zip(releases, PAIR["accelerate"]):
+        name = audit.release_name(requirements)
+        python = work / "envs" / name / "bin" / "python"
+        imported = subprocess.run([python, "-c", "import accelerate, transformers, torch; print(accelerate.__file__, "
+                                   "accelerate.__version__, transformers.__version__, torch.__version__)"],
+                                  capture_output=True, text=True, check=True).stdout.split()
+        # a release this environment already has comes from it (the venv is laid over it); any other, its own
+        own = accelerate == audit.version("accelerate")
+        assert imported[0].startswith(str(work / "envs" / name)) != own and imported[3] == torch.__version__
+        assert imported[1:3] == [accelerate, PAIR["transformers"]]
+        cell_dir = built / "releases" / name / "transformers" / PAIR["scenario"]
+        cell = json.loads((cell_dir / "cell.json").read_text())
+        assert (cell["version"], cell["with"]) == (PAIR["transformers"], f"accelerate {accelerate}")
+        assert str(python) in json.loads((cell_dir / "certify" / "verdict.json").read_text())["command"]
+        found = judged_from_files(cell_dir / "certify", PAIR["scenario"], cell["repair_exact"] is True)
+        assert cell["exact"] == found["exact"] and (found["exact"] or cell["first_step"] == found["first"][0])
+        exact.append(found["exact"])
+    labels = [f"{PAIR['transformers']} (accelerate {v})" for v in PAIR["accelerate"]]
+    first = {(True, True): f"{labels[0]} or earlier", (False, True): labels[1]}.get(tuple(exact), "none yet (")
+    assert f"| transformers | {first}" in (built / "releases.md").read_text()
+    csv_rows = (built / "releases.csv").read_text().splitlines()
+    assert csv_rows[0].split(",")[:8] == ["framework", "version", "with", "torch", "scenario", "exact", "first_step",
+                                          "first_piece"]
+    assert [r.split(",")[2] for r in csv_rows[1:]] == [f"accelerate {v}" for v in PAIR["accelerate"]]
+    assert (built / "releases.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_first_release_exact_is_the_oldest_after_which_every_release_is_exact():
+    """Catches: the first exact release taken for the fix when a later release broke again, releases ordered
+    as strings (1.10 before 1.9) or without the package a resume goes through, a failed release counted as
+    exact, a framework never exact called fixed."""
+    def row(version, exact, with_="", cause=""):
+        return {"framework": "accelerate", "version": version, "with": with_, "torch": "2.13.0",
+                "scenario": SCENARIO, "exact": exact, "repair_exact": "", "cause": cause,
+                "first_step": "" if exact else 4, "first_state": "" if exact else "samples"}
+
+    # listed out of order: 0.9 exact, 1.9 not (a regression), 1.10 exact, 1.11 exact
+    rows = [row("1.10.0", True), row("0.9.0", True), row("1.11.0", True), row("1.9.0", False)]
+    assert audit.first_exact(sorted(rows, key=audit.release_order)) == "1.10.0"
+    assert audit.first_exact(sorted(rows[:3], key=audit.release_order)) == "0.9.0 or earlier"
+    failed = [row("1.9.0", True), row("1.10.0", False, cause="resume failed: boom")]
+    assert audit.first_exact(failed).startswith("none yet (1.10.0: ")
+    # the package a resume goes through orders releases of the same framework version
+    pair = [row("5.23.0", True, "accelerate 1.15.0"), row("5.23.0", False, "accelerate 1.14.0")]
+    assert audit.first_exact(sorted(pair, key=audit.release_order)) == "5.23.0 (accelerate 1.15.0)"
+    table = audit.releases_table(rows + [{**r, "scenario": "epoch_end", "exact": True} for r in rows])
+    assert "| accelerate | 1.10.0 | 0.9.0 or earlier |" in table
 
 
 def test_a_refused_resume_or_a_scenario_the_script_cannot_run_is_the_cells_result(monkeypatch, tmp_path):

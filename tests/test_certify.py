@@ -89,7 +89,9 @@ def test_the_recorder_changes_no_bit_of_what_a_process_computes(tmp_path):
 def test_a_plain_loop_that_forgets_its_generator_is_named_samples_at_the_first_resumed_step(tmp_path):
     """Catches: a piece named out of causal order, a first step counted from the kill rather than from the
     checkpoint (--lose 2: the steps lost between them are trained again), a verdict of exact on a forgotten
-    shuffle order (the cut is past the first epoch: a fresh generator draws the first epoch's order again)."""
+    shuffle order (the cut is past the first epoch: a fresh generator draws the first epoch's order again);
+    two resumes (--again) whose second leg does not start from the first leg's own checkpoint, or whose
+    steps are not both legs'."""
     proc, verdict = certify(tmp_path / "forgets", 10, PLAIN, "--resume {run}/step_{step}.pt --forget generator",
                             "--lose", "2", "--repair")
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -100,11 +102,18 @@ def test_a_plain_loop_that_forgets_its_generator_is_named_samples_at_the_first_r
     final = final_checkpoint(tmp_path / "forgets", "step_16.pt")
     assert_same_state_dict(final["straight"]["model"], repaired["model"])
     assert verdict["killed_at"] == {"0": 13} and verdict["steps"]["stopped"] == {"0": [1, 12]}
-    # the same loop, resuming what it saved: exact, and so are its weights
-    proc, verdict = certify(tmp_path / "keeps", 10, PLAIN, "--resume {run}/step_{step}.pt")
+    # the same loop, resuming what it saved, twice (--again 13: the resumed run killed again before step 14):
+    # exact, and so are its weights
+    proc, verdict = certify(tmp_path / "keeps", 10, PLAIN, "--resume {run}/step_{step}.pt", "--again", "13")
     assert proc.returncode == 0 and verdict["exact"], proc.stderr[-2000:]
     weights = final_checkpoint(tmp_path / "keeps", "step_16.pt")
     assert_same_state_dict(weights["straight"]["model"], weights["resumed"]["model"])
+    # the two legs: the first from step 10's checkpoint, killed before 14's update; the second from its own 13
+    legs = [[json.loads(line) for line in (tmp_path / "keeps" / leg / "rank0.jsonl").open()]
+            for leg in ("resumed.first", "resumed")]
+    assert [r.get("step", r.get("killed")) for r in legs[0]] == [11, 12, 13, 14] and "killed" in legs[0][-1]
+    # (had the second leg loaded step 10's checkpoint, its steps 14.. would be 11..'s: not exact)
+    assert [r["step"] for r in legs[1]] == [14, 15, 16] and verdict["steps"]["resumed"] == {"0": [11, 16]}
 
 
 def test_an_emptied_optimizer_state_is_named_optimizer_state_and_so_is_certifys_own_control(tmp_path):

@@ -136,10 +136,12 @@ def test_every_job_reads_exactly_the_keys_its_rule_declares(pipeline):
 
     read_somewhere = set().union(*(read for _, read in read_by.values()))
     # keys that name files, and those that only choose what a target builds ("dist": `all`; the audit's
-    # frameworks and scenarios: `audit`, whose jobs read seed, threads and model.vocab_size; certify's entries:
-    # `certify`, whose jobs run their commands and read no settings file): the Snakefile's
+    # frameworks and scenarios: `audit`, whose jobs read seed, threads and model.vocab_size; the releases it
+    # runs them in: `audit_releases`; certify's entries: `certify`, whose jobs run their commands and read no
+    # settings file): the Snakefile's
     names_files = {"outdir", "data.train_tokens", "data.val_tokens", "dist", "audit.frameworks", "audit.scenarios",
-                   "certify"}
+                   "certify", "audit_releases.scenarios", "audit_releases.envs",
+                   *(f"audit_releases.releases.{f}" for f in ("transformers", "accelerate", "lightning"))}
     schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
     assert read_somewhere | names_files == schema_leaves(schema) and not read_somewhere & names_files
 

@@ -5,9 +5,10 @@
 
 AUDIT = f"{OUT}/audit"
 CELL = f"{AUDIT}/{{framework}}/{{scenario}}"
+# any cell the audit knows can be built on its own; `audit` builds those of config audit
 AUDIT_WILDCARDS = dict(
-    framework="|".join(config["audit"]["frameworks"]),
-    scenario="|".join(config["audit"]["scenarios"]),
+    framework="|".join(AUDIT_ROWS),
+    scenario="|".join(AUDIT_SCENARIOS),
 )
 
 
@@ -69,3 +70,70 @@ rule audit_matrix:
 rule audit:
     input:
         rules.audit_matrix.output,
+
+
+# The audit across releases (snakemake --cores 2 audit_releases; not in all): the same cells, each run in a
+# venv of one release of its framework and of the packages its resume goes through (config audit_releases)
+RELEASES = f"{AUDIT}/releases"
+RELEASE_CELL = f"{RELEASES}/{{release}}/{{framework}}/{{scenario}}"
+
+
+rule release_env:
+    input:
+        code=code_inputs(SCRIPTS / "release_env.py"),
+        script=SCRIPTS / "release_env.py",
+    output:
+        versions=f"{RELEASES}/{{release}}/versions.json",
+    log:
+        f"{OUT}/logs/audit/releases/{{release}}.log",
+    localrule: True  # pip reaches the package index from here, not from a cluster's node
+    wildcard_constraints:
+        release="|".join(map(re.escape, RELEASE_ENVS)),
+    conda:
+        ENV
+    params:
+        requirements=lambda w: RELEASE_ENVS[w.release][1],
+        env=lambda w: f"{config['audit_releases']['envs']}/{w.release}",
+    shell:
+        "python {input.script} --requirements '{params.requirements}' --env {params.env}"
+        " --out {output.versions} 2> {log}"
+
+
+use rule audit_cell as release_cell with:
+    input:
+        code=code_inputs(SCRIPTS / "audit_cell.py"),
+        script=SCRIPTS / "audit_cell.py",
+        example=audit_script,
+        example_code=lambda w: code_inputs(audit_script(w)),
+        settings=settings("audit"),
+        release=rules.release_env.output.versions,
+    output:
+        cell=f"{RELEASE_CELL}/cell.json",
+    log:
+        f"{OUT}/logs/audit/releases/{{release}}/{{framework}}/{{scenario}}.log",
+    wildcard_constraints:
+        release="|".join(map(re.escape, RELEASE_ENVS)),
+        framework="|".join(AUDIT_ROWS),
+        scenario="|".join(AUDIT_SCENARIOS),
+    params:
+        cell=lambda w: RELEASE_CELL.format(**w),
+        own=lambda w, input: f"--release {input.release}",
+
+
+rule audit_releases:
+    input:
+        code=code_inputs(SCRIPTS / "audit_releases.py"),
+        script=SCRIPTS / "audit_releases.py",
+        cells=release_cells(rules.release_cell.output.cell),
+    output:
+        csv=f"{AUDIT}/releases.csv",
+        table=f"{AUDIT}/releases.md",
+        plot=f"{AUDIT}/releases.png",
+    log:
+        f"{OUT}/logs/audit/releases.log",
+    localrule: True
+    conda:
+        ENV
+    shell:
+        "python {input.script} --cells {input.cells} --csv {output.csv} --table {output.table}"
+        " --plot {output.plot} 2> {log}"

@@ -3,6 +3,7 @@
 # whose scripts import it, and what follows.
 
 import ast
+import re
 import shlex
 from functools import cache
 
@@ -129,3 +130,26 @@ def certify_files(w):
         if "{" not in t and (t.startswith(f"{OUT}/") or Path(t).is_file())
     ]
     return files + [m for f in files if f.endswith(".py") for m in code_inputs(f)]
+
+
+# The audit across releases (workflow/rules/audit.smk): each release environment by its name, with its
+# framework's package and its requirements
+from mmkit.audit import PACKAGES as AUDIT_ROWS, SCENARIOS as AUDIT_SCENARIOS
+from mmkit.audit import release_name, rows_of_package
+
+RELEASE_ENVS = {
+    release_name(requirements): (package, requirements)
+    for package, releases in config["audit_releases"]["releases"].items()
+    for requirements in releases
+}
+
+
+def release_cells(cell):
+    """CELL (a path with {release}, {framework}, {scenario}) for every release, row of its package, and
+    scenario of config audit_releases."""
+    return [
+        cell.format(release=name, framework=row, scenario=scenario)
+        for name, (package, _) in RELEASE_ENVS.items()
+        for row in rows_of_package(package)
+        for scenario in config["audit_releases"]["scenarios"]
+    ]

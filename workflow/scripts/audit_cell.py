@@ -5,6 +5,7 @@ control scenario the negative control; the matrix row in cell.json.
   audit_cell.py --framework F --scenario S --script examples/X.py --settings audit.yaml --cell DIR
                 [--own-preset presets/certify-own.yaml --jsonl train.jsonl --tokenizer tokenizer.json
                  --tokens train.npy]
+                [--release versions.json]   # the audit across releases: run in release_env.py's venv
 """
 
 import json
@@ -34,27 +35,38 @@ def main():
     p = OneLineParser(description=__doc__.split("\n\n")[0])
     for name in ("framework", "scenario", "script", "settings", "cell"):
         p.add_argument(f"--{name}", required=True)
-    for name in ("own-preset", "jsonl", "tokenizer", "tokens"):
+    for name in ("own-preset", "jsonl", "tokenizer", "tokens", "release"):
         p.add_argument(f"--{name}")
     args = p.parse_args()
-    audit.require(args.framework)
+    release = json.loads(Path(args.release).read_text()) if args.release else None
+    if release is None:
+        audit.require(args.framework)
     cell, scenario = Path(args.cell), audit.SCENARIOS[args.scenario]
+
+    def row_of(found):
+        row = audit.row_of(args.framework, args.scenario, found)
+        return audit.in_release(row, release) if release else row
+
     empty = {"deterministic": "", "exact": False, "first": None}
     if args.framework in dict(scenario.unsupported):
-        row = audit.unsupported(audit.row_of(args.framework, args.scenario, empty))
-        return write_text_atomic(cell / "cell.json", json.dumps(row, indent=1) + "\n")
+        return write_text_atomic(cell / "cell.json", json.dumps(audit.unsupported(row_of(empty)), indent=1) + "\n")
     own = own_files(args, cell) if args.framework == "own" else None
-    command, resume = audit.command(args.framework, scenario, args.script, sys.executable, own)
+    python = release["python"] if release else sys.executable
+    command, resume = audit.command(args.framework, scenario, args.script, python, own)
     try:
-        found = certify([str(t) for t in command], resume, cell / "certify", scenario.cut, scenario.lose, repair=True,
-                        control=args.scenario == audit.CONTROL_SCENARIO)
-        row = audit.row_of(args.framework, args.scenario, found)
+        found = certify([str(t) for t in command], resume, cell / "certify", scenario.cut, scenario.lose,
+                        repair=not scenario.again, again=scenario.again,
+                        control=args.scenario == audit.CONTROL_SCENARIO and not release)
+        row = row_of(found)
         if "control" in found:
             row["control"] = audit.control_of(args.framework, found)
     except CannotJudge as e:  # the framework's resume failing is the cell's result, not the DAG's failure
-        if not str(e).startswith("resume failed"):
+        if str(e).startswith("resume failed"):
+            row = {**row_of(empty), "cause": str(e)}
+        elif release and str(e).startswith("the straight run failed"):  # an old release on this torch
+            row = {**row_of(empty), "cause": f"cannot run here: {e}"}
+        else:
             raise UserError(f"{args.framework} {args.scenario}: {e}") from None
-        row = {**audit.row_of(args.framework, args.scenario, empty), "cause": str(e)}
         print(f"audit: {e}", file=sys.stderr)
     write_text_atomic(cell / "cell.json", json.dumps(row, indent=1) + "\n")
 

@@ -2,14 +2,12 @@
 the report's section on it (report.md); the negative controls are those the control scenario's cells ran."""
 
 import argparse
-import csv
-import io
 import json
 from pathlib import Path
 
 import torch
 
-from mmkit.atomic import write_text_atomic
+from mmkit.atomic import write_csv_atomic, write_text_atomic
 from mmkit.audit import COLUMNS, fp16_as_trained, report_section, summary_table, verdict
 from mmkit.errors import run_cli
 from mmkit.plots import plot_audit
@@ -25,11 +23,7 @@ def main():
     args = p.parse_args()
     rows = [json.loads(Path(c).read_text()) for c in args.cells]
     controls = [r["control"] for r in rows if "control" in r]
-    out = io.StringIO()
-    writer = csv.DictWriter(out, COLUMNS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    write_text_atomic(args.csv, out.getvalue())
+    write_csv_atomic(args.csv, COLUMNS, rows)
     # the final parameters the recorder kept of each straight run: what fp16 really trained in
     finals = {(r["framework"], r["scenario"]): Path(c).parent / "certify" / "straight" / "rank0.final.pt"
               for r, c in zip(rows, args.cells) if r["scenario"] in ("fp16", "bf16", "mid_epoch")}

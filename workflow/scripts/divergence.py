@@ -4,12 +4,10 @@ One CSV row per variant; `resumed` is the control and must read 0 in every gap c
 """
 
 import argparse
-import csv
-import io
 
 import torch
 
-from mmkit.atomic import write_text_atomic
+from mmkit.atomic import write_csv_atomic, write_text_atomic
 from mmkit.checkpoint import load_weights
 from mmkit.config import load_config, model_config
 from mmkit.data import load_tokens
@@ -71,11 +69,7 @@ def main():
         columns = DIVERGENCE_COLUMNS
     for row in rows:
         print(row)
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    write_text_atomic(args.csv, buf.getvalue())
+    write_csv_atomic(args.csv, columns, rows)
     if args.md:
         write_text_atomic(args.md, pairs_table(rows))
 

@@ -1,6 +1,7 @@
 """The command run three times, each in a session of its own, with the recorder loaded into every Python
 process: straight; stopped by a SIGKILL of its whole process group before the update of step K + 1 (+ lose);
-resumed, with the resume arguments added, from step K's checkpoint. Then the verdict.
+resumed, with the resume arguments added, from step K's checkpoint (with --again K2: killed again before
+step K2 + 1 and resumed from K2's checkpoint, two resumes in a row). Then the verdict.
 
 {run} in the command and the resume arguments is the run's own folder (the straight run's, or the one the
 stopped and the resumed run share), {step} is K.
@@ -18,8 +19,9 @@ from . import verdict
 
 SITE = Path(__file__).parent / "site"
 MARK = ".certify"  # a folder certify made: its own files in it may be replaced
-OWN = ("straight", "stopped", "resumed", "repaired", "control", "runs", "straight.log", "stopped.log",
-       "resumed.log", "repaired.log", "control.log", "verdict.json", "verdict.md", "parting.svg")
+OWN = ("straight", "stopped", "resumed", "resumed.first", "repaired", "control", "runs", "straight.log",
+       "stopped.log", "resumed.log", "resumed.first.log", "repaired.log", "control.log", "verdict.json",
+       "verdict.md", "parting.svg")
 
 
 class CannotJudge(Exception):
@@ -123,14 +125,19 @@ def controlled(found: dict, straight: dict, run) -> dict:
 
 
 def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 0, timeout: float = 3600,
-            repair: bool = False, control: bool = False) -> dict:
+            repair: bool = False, control: bool = False, again: int = 0) -> dict:
     """The verdict on COMMAND's resume (verdict.judge's dict), with verdict.json, verdict.md and parting.svg
     written to OUT. REPAIR: where the first difference is samples or an RNG, resumed runs with the straight
     run's inputs or RNG states put back say whether they were all the checkpoint forgot. CONTROL: one more
-    resumed run (with those repairs) whose optimizer state is emptied, which the verdict must name. Raises
-    CannotJudge."""
+    resumed run (with those repairs) whose optimizer state is emptied, which the verdict must name. AGAIN:
+    the resumed run is killed again before step AGAIN + 1 and resumed from its own checkpoint of AGAIN (no
+    repair or control then: each puts its pieces back once, after K). Raises CannotJudge."""
     if stop_after < 1 or lose < 0:
         raise CannotJudge(f"--stop-after must be at least 1 and --lose at least 0 (got {stop_after}, {lose})")
+    if again and again <= stop_after + lose:
+        raise CannotJudge(f"--again {again}: the second kill must come after the first ({stop_after + 1 + lose})")
+    if again and (repair or control):
+        raise CannotJudge("--again resumes twice: --repair and --control put pieces back once, after K")
     if not command:
         raise CannotJudge("no command: certify [options] -- COMMAND ...")
     if shutil.which(command[0]) is None:
@@ -141,9 +148,9 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
     base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SITE), *filter(None, [os.environ.get("PYTHONPATH")])])}
     kill_at = stop_after + 1 + lose
 
-    def run(name, argv, folder, **settings):
+    def run(name, argv, folder, step=stop_after, **settings):
         env = {**base, "CERTIFY_RECORD": str(out / name), **{k: str(v) for k, v in settings.items()}}
-        code = execute(name, substitute(argv, out / "runs" / folder, stop_after), env, out, timeout)
+        code = execute(name, substitute(argv, out / "runs" / folder, step), env, out, timeout)
         return code, *verdict.read(out / name)
 
     keep = {"CERTIFY_KEEP_INPUTS": stop_after} if repair else {}  # the model's inputs after K: only for a repair
@@ -155,9 +162,10 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
         raise CannotJudge("the command made no optimizer step: certify records torch.optim optimizers in Python "
                           "processes started without -I or -E", out / "straight.log")
     last = max(max(rows) for rows in straight.values())
-    if kill_at > last:
-        raise CannotJudge(f"--stop-after {stop_after}{f' --lose {lose}' if lose else ''}: the run makes {last} "
-                          f"optimizer steps, so the kill before step {kill_at} would never come")
+    if max(kill_at, again + 1) > last:
+        options = f"--stop-after {stop_after}" + (f" --lose {lose}" if lose else "") + (f" --again {again}" if again else "")
+        raise CannotJudge(f"{options}: the run makes {last} optimizer steps, so the kill before step "
+                          f"{max(kill_at, again + 1)} would never come")
     code, stopped, killed = run("stopped", command, "resumed", CERTIFY_KILL_AT=kill_at)
     if not killed:
         raise CannotJudge(f"the stopped run was not killed before step {kill_at}: it ended with exit {code}",
@@ -169,12 +177,23 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
     checkpoint_copy = out / "runs" / "repair-base"
     if repair or control:  # each resumes from the same checkpoint, whatever the resumed run then writes beside it
         shutil.copytree(out / "runs" / "resumed", checkpoint_copy, symlinks=True)
-    code, resumed, _ = run("resumed", command + resume_args, "resumed", CERTIFY_STEP_OFFSET=stop_after,
-                           CERTIFY_KEEP_FINAL=1)
+    first_leg = {}
+    if again:  # the first resume, killed again after its own checkpoint of AGAIN
+        code, first_leg, killed_again = run("resumed.first", command + resume_args, "resumed",
+                                            CERTIFY_STEP_OFFSET=stop_after, CERTIFY_KILL_AT=again + 1)
+        if not killed_again:
+            raise CannotJudge(f"resume failed: {last_line(out / 'resumed.first.log')}", out / "resumed.first.log")
+        path = missing_checkpoint(resume_args, out / "runs" / "resumed", again)
+        if path:
+            raise CannotJudge(f"resume failed: the first resumed run saved no checkpoint {path}",
+                              out / "resumed.first.log")
+    code, resumed, _ = run("resumed", command + resume_args, "resumed", again or stop_after,
+                           CERTIFY_STEP_OFFSET=again or stop_after, CERTIFY_KEEP_FINAL=1)
     if code != 0:
         raise CannotJudge(f"resume failed: {last_line(out / 'resumed.log')}", out / "resumed.log")
     if not resumed:
         raise CannotJudge("resume failed: the resumed run made no optimizer step", out / "resumed.log")
+    resumed = {rank: {**first_leg.get(rank, {}), **rows} for rank, rows in resumed.items()}  # both legs' steps
     found = verdict.judge(straight, stopped, resumed, killed, stop_after)
     if not found["deterministic"]:
         b = found["before_kill"]
@@ -198,7 +217,7 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
     if control:
         found["control"] = controlled(found, straight,
                                       lambda pieces: resumed_again("control", pieces, CERTIFY_EMPTY_OPTIMIZER=1))
-    found.update(command=command, resume=resume, lose=lose)
+    found.update(command=command, resume=resume, lose=lose, again=again)
     verdict.write_atomic(out / "verdict.json", json.dumps(found, indent=1) + "\n")
     verdict.write_atomic(out / "verdict.md", verdict.markdown(found, shlex.join(command), resume, lose))
     verdict.write_atomic(out / "parting.svg", verdict.svg(found, straight, resumed))

@@ -153,7 +153,9 @@ def markdown(v: dict, command: str, resume: str, lose: int) -> str:
         lines.append(f"| {run} | " + "; ".join(f"rank {r}: {a}..{b}" for r, (a, b) in v["steps"][run].items()) + " |")
     lines += ["", f"Stopped by SIGKILL before the update of step {v['stop_after'] + 1 + lose} "
               f"(`--stop-after {v['stop_after']}`{f' `--lose {lose}`' if lose else ''}; recorded: {killed}); "
-              f"resumed with `{resume}` from step {v['stop_after']}'s checkpoint.", "",
+              f"resumed with `{resume}` from step {v['stop_after']}'s checkpoint"
+              + (f", killed again before the update of step {v['again'] + 1} and resumed from its own checkpoint of "
+                 f"step {v['again']}" if v.get("again") else "") + ".", "",
               "![where the runs part](parting.svg)", ""]
     if v["not_compared"]:
         lines += ["Not compared: " + ", ".join(NAMES[p] for p in v["not_compared"]) + ", never seeded (it differs "

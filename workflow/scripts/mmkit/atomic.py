@@ -106,3 +106,15 @@ def _start_writeback(fd: int, offset: int, nbytes: int) -> None:
 
 def write_text_atomic(path, text: str) -> None:
     write_atomic(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def write_csv_atomic(path, columns, rows) -> None:
+    """ROWS (dicts) as CSV with COLUMNS, in that order (other keys left out), written as write_text_atomic."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.DictWriter(out, columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomic(path, out.getvalue())

@@ -24,7 +24,10 @@ class Scenario:
     precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast and a GradScaler)
     ranks: int = 1  # processes, DDP over gloo, through the framework's documented launcher
     lose: int = 0  # SIGKILLed this many steps after the cut's checkpoint, which are lost (certify --lose)
+    again: int = 0  # the resumed run killed again after its checkpoint of this step, and resumed (certify --again)
+    warmup: int = 0  # LR warmup steps before the cosine schedule
     random_collator: bool = False  # a collator that draws from the global RNG (masking, augmentation)
+    stateful_loader: bool = False  # torchdata's StatefulDataLoader, where the framework takes one
     unsupported: tuple = ()  # (row, why) where the script has no way to do it: the cell says so
 
 
@@ -38,10 +41,20 @@ SCENARIOS = {
     "bf16": Scenario(3, "bf16 autocast", precision="bf16"),
     "fp16": Scenario(3, "fp16 autocast with a GradScaler", precision="fp16"),
     "lost_steps": Scenario(3, "SIGKILLed 2 steps after the cut's checkpoint", lose=2),
+    "two_resumes": Scenario(3, "stopped at 3, resumed, stopped again at 6 in the same epoch, resumed", again=6),
+    "warmup": Scenario(3, "a linear LR warmup of 6 steps, then cosine; the cut inside the warmup", warmup=6,
+                       unsupported=(("own", "run.py's LR schedule is MiniMind's cosine, without a warmup "
+                                             "(mmkit/train.py)"),)),
     "ddp2": Scenario(3, "2 ranks, DDP over gloo, mid-epoch", ranks=2),
     "ddp2_dropout": Scenario(3, "2 ranks with dropout 0.1: an RNG per rank", ranks=2, dropout=0.1),
     "random_collator": Scenario(3, "a collator that masks tokens at random", random_collator=True, unsupported=(
         ("own", "run.py's data path has no collator option (docs/checkpoints.md: the data position is a value)"),)),
+    "stateful_loader": Scenario(3, "torchdata's StatefulDataLoader, its state saved by the framework", stateful_loader=True,
+                                unsupported=(
+        ("own", "run.py's data position is its own value in the resume file (docs/checkpoints.md)"),
+        ("transformers", "TrainingArguments.accelerator_config (AcceleratorConfig) has no use_stateful_dataloader "
+                         "in transformers 5.23.0"),
+        ("lightning_stateful", "its loader is stateful already; the lightning row's cell is torchdata's"))),
 }
 CONTROL_SCENARIO = "mid_epoch"  # the cell that also runs its framework's negative control
 
@@ -101,12 +114,15 @@ def command(framework: str, scenario: Scenario, script: str, python: str, own: d
                  "--gradient_accumulation_steps", s.accumulation, "--dataloader_num_workers", s.workers]
         flags += {"fp32": [], "bf16": ["--bf16"], "fp16": ["--fp16"]}[s.precision]
         flags += ["--random_collator"] if s.random_collator else []
+        flags += ["--warmup_steps", s.warmup] if s.warmup else []
         resume = "--resume_from_checkpoint {run}/checkpoint-{step}"
     elif framework == "accelerate":
         flags = ["--output_dir", "{run}", "--checkpointing_steps", s.cut, "--dropout", s.dropout,
                  "--gradient_accumulation_steps", s.accumulation, "--num_workers", s.workers,
                  "--mixed_precision", {"fp32": "no"}.get(s.precision, s.precision)]
         flags += ["--random_collator"] if s.random_collator else []
+        flags += ["--use_stateful_dataloader"] if s.stateful_loader else []
+        flags += ["--warmup_steps", s.warmup] if s.warmup else []
         resume = "--resume_from_checkpoint {run}/step_{step}"
     else:  # lightning, lightning_stateful
         flags = ["--out", "{run}", "--every", s.cut, "--dropout", s.dropout, "--accumulate_grad_batches",
@@ -114,6 +130,8 @@ def command(framework: str, scenario: Scenario, script: str, python: str, own: d
                  "--precision", {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}[s.precision]]
         flags += ["--devices", s.ranks] + (["--stateful_loader"] if framework == "lightning_stateful" else [])
         flags += ["--random_collator"] if s.random_collator else []
+        flags += ["--torchdata"] if s.stateful_loader else []
+        flags += ["--warmup_steps", s.warmup] if s.warmup else []
         resume = "--ckpt_path {run}/step={step}.ckpt"
     return [*launch, script, "--max_steps", STEPS, *flags], resume
 
@@ -149,6 +167,8 @@ def row_of(framework: str, scenario: str, found: dict) -> dict:
         row.update(first_step=first["step"], first_state=first["piece"], first_rank=first["rank"])
     if row["exact"]:
         return row
+    if found.get("again"):
+        return {**row, "cause": "not repaired: two resumes (a repair puts the pieces back once, after the cut)"}
     repair = found.get("repair", {})
     if repair.get("exact"):
         named = " + ".join(REPAIRED[p] for p in repair["restored"])
@@ -180,15 +200,16 @@ def unsupported(row: dict) -> dict:
 
 
 def verdict(row: dict) -> str:
-    """exact; repaired (the named piece restored by hand made it exact); failed (the resume did not run);
-    unknown (no repair made it exact); unsupported (the script cannot run the scenario)."""
+    """exact; repaired (the named piece restored by hand made it exact); failed (the resume did not run, or a
+    release could not run the script at all); unknown (no repair made it exact); unsupported (the script cannot
+    run the scenario)."""
     if row["cause"].startswith("not supported"):
         return "unsupported"
     if str(row["exact"]) == "True":
         return "exact"
     if str(row["repair_exact"]) == "True":
         return "repaired"
-    return "failed" if row["cause"].startswith("resume failed") else "unknown"
+    return "failed" if row["cause"].startswith(("resume failed", "cannot run here")) else "unknown"
 
 
 def fp16_as_trained(straight_weights: dict) -> dict:
@@ -271,4 +292,80 @@ def report_section(rows: list, controls: list) -> str:
               f"{c['cut']}: {'caught' if c['caught'] else 'NOT caught'} at the first step after it" for c in controls]
     versions = sorted({(r["framework"], r["version"]) for r in rows})
     lines += ["", f"torch {rows[0]['torch']}; " + ", ".join(f"{f} {v}" for f, v in versions if v != "-") + "."]
+    return "\n".join(lines) + "\n"
+
+
+# --- the audit across releases (snakemake audit_releases) ----------------------------------------------
+
+RELEASE_COLUMNS = ("framework", "version", "with", "torch", "scenario", "exact", "first_step", "first_piece",
+                   "repair_exact", "cause")
+
+
+def release_name(requirements: str) -> str:
+    """A release environment's name: "transformers==4.56.2 accelerate==1.10.1" is
+    transformers-4.56.2+accelerate-1.10.1."""
+    return "+".join(r.replace("==", "-") for r in requirements.split())
+
+
+def rows_of_package(package: str) -> list:
+    """The audit's rows that run PACKAGE's example: lightning's two (plain and stateful loader)."""
+    return [row for row, p in PACKAGES.items() if p == package]
+
+
+def in_release(row: dict, release: dict) -> dict:
+    """ROW as run in a release's environment (RELEASE: release_env.py's versions.json): the framework's version
+    there, and the versions of the packages its resume goes through ("with")."""
+    package = PACKAGES[row["framework"]]
+    others = " ".join(f"{p} {v}" for p, v in release.items() if p not in (package, "torch", "python"))
+    return {**row, "version": release[package], "with": others, "torch": release["torch"].split("+")[0]}
+
+
+def release_order(row: dict) -> tuple:
+    """Oldest first: by the framework's version, then by those of the packages it goes through."""
+    from packaging.version import Version
+
+    return (Version(row["version"]), *(Version(v) for v in row["with"].split()[1::2]))
+
+
+def release_label(row: dict) -> str:
+    return row["version"] + (f" ({row['with']})" if row["with"] else "")
+
+
+def first_exact(rows: list) -> str:
+    """The release from which every later one audited is exact (ROWS: one framework and scenario, oldest
+    first): the fix's first release, as far as these releases can tell."""
+    later = len(rows)
+    while later > 0 and verdict(rows[later - 1]) == "exact":
+        later -= 1
+    if later == len(rows):
+        last = rows[-1]
+        where = f"step {last['first_step']}: {last['first_state']}" if last["first_step"] != "" else verdict(last)
+        return f"none yet ({release_label(last)}: {where})"
+    if later == 0:
+        return f"{release_label(rows[0])} or earlier"
+    return release_label(rows[later])
+
+
+def releases_table(rows: list) -> str:
+    """releases.md: the first release exact for each framework and scenario, then every release's verdicts."""
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    frameworks = list(dict.fromkeys(r["framework"] for r in rows))
+    by = {}
+    for r in sorted(rows, key=release_order):
+        by.setdefault((r["framework"], r["scenario"]), []).append(r)
+    lines = ["First release exact (every later release audited is exact too):", "",
+             "| framework | " + " | ".join(scenarios) + " |", "|---" * (len(scenarios) + 1) + "|"]
+    lines += [f"| {f} | " + " | ".join(first_exact(by[f, s]) for s in scenarios) + " |" for f in frameworks]
+    lines += ["", "Every release:", "", "| framework | release | " + " | ".join(scenarios) + " |",
+              "|---" * (len(scenarios) + 2) + "|"]
+    for f in frameworks:
+        for i, r in enumerate(by[f, scenarios[0]]):
+            cells = []
+            for s in scenarios:
+                c = by[f, s][i]
+                v = verdict(c)
+                cells.append(v if v in ("exact", "failed") else f"step {c['first_step']}: {c['first_state']}")
+            lines.append(f"| {f} | {release_label(r)} | " + " | ".join(cells) + " |")
+    lines += ["", f"torch {rows[0]['torch']} in every environment; {STEPS} optimizer steps, cut per scenario "
+              "(docs/audit.md); first step and piece from each cell's certificate."]
     return "\n".join(lines) + "\n"

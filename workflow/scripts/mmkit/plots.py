@@ -59,21 +59,42 @@ AUDIT_COLOURS = {"exact": "#4caf50", "repaired": "#ffb300", "unknown": "#e53935"
                  "unsupported": "#ffffff"}
 
 
-def plot_audit(grid: list[list[str]], frameworks: list, scenarios: list, path) -> None:
-    """The audit matrix as a heat map: frameworks by scenarios, each cell coloured by its verdict."""
+def verdict_map(ax, grid: list[list[str]], rows: list, columns: list) -> None:
+    """A heat map of verdicts on AX: ROWS by COLUMNS, each cell coloured by its verdict and named."""
     from matplotlib.colors import ListedColormap
 
     names = list(AUDIT_COLOURS)
-    fig, ax = plt.subplots(figsize=(1.3 * len(scenarios) + 2, 0.6 * len(frameworks) + 1.6))
     ax.imshow([[names.index(v) for v in row] for row in grid], cmap=ListedColormap(list(AUDIT_COLOURS.values())),
               vmin=0, vmax=len(names) - 1, aspect="auto")
     for i, row in enumerate(grid):
         for j, v in enumerate(row):
             ax.text(j, i, v, ha="center", va="center", fontsize=8)
-    ax.set_xticks(range(len(scenarios)), scenarios, rotation=30, ha="right", fontsize=8)
-    ax.set_yticks(range(len(frameworks)), frameworks, fontsize=8)
+    ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right", fontsize=8)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+
+
+def plot_audit(grid: list[list[str]], frameworks: list, scenarios: list, path) -> None:
+    """The audit matrix as a heat map: frameworks by scenarios, each cell coloured by its verdict."""
+    fig, ax = plt.subplots(figsize=(1.3 * len(scenarios) + 2, 0.6 * len(frameworks) + 1.6))
+    verdict_map(ax, grid, frameworks, scenarios)
     ax.set_title("Resumed vs straight, bit for bit (repaired: exact once the named piece is restored by hand)",
                  fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)
+
+
+def plot_releases(panels: list, path) -> None:
+    """The audit across releases: a panel per framework (PANELS: (framework, grid, scenarios, releases)),
+    releases across and scenarios down, each cell coloured by its verdict."""
+    width = max(len(releases) for *_, releases in panels)
+    heights = [len(scenarios) + 2.2 for _, _, scenarios, _ in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(1.5 * width + 2.5, 0.45 * sum(heights) + 0.6),
+                             gridspec_kw={"height_ratios": heights}, squeeze=False)
+    for ax, (framework, grid, scenarios, releases) in zip(axes[:, 0], panels):
+        verdict_map(ax, grid, scenarios, releases)
+        ax.set_title(framework, fontsize=9, loc="left")
+    fig.suptitle("Resumed vs straight, bit for bit, release by release (oldest left)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
