@@ -209,6 +209,8 @@ def test_the_first_release_exact_is_the_oldest_after_which_every_release_is_exac
     assert audit.first_exact(sorted(rows[:3], key=audit.release_order)) == "0.9.0 or earlier"
     failed = [row("1.9.0", True), row("1.10.0", False, cause="resume failed: boom")]
     assert audit.first_exact(failed).startswith("none yet (1.10.0: ")
+    skipped = [row("1.8.0", False, cause="skipped: needs torch 2.1"), row("1.9.0", True)]
+    assert audit.first_exact(skipped) == "1.9.0 or earlier"  # a release that could not run proves nothing
     # the package a resume goes through orders releases of the same framework version
     pair = [row("5.23.0", True, "accelerate 1.15.0"), row("5.23.0", False, "accelerate 1.14.0")]
     assert audit.first_exact(sorted(pair, key=audit.release_order)) == "5.23.0 (accelerate 1.15.0)"

@@ -48,6 +48,9 @@ def main():
         return audit.in_release(row, release) if release else row
 
     empty = {"deterministic": "", "exact": False, "first": None}
+    if release and "skipped" in release:
+        row = {**row_of(empty), "cause": f"skipped: {release['skipped']}"}
+        return write_text_atomic(cell / "cell.json", json.dumps(row, indent=1) + "\n")
     if args.framework in dict(scenario.unsupported):
         return write_text_atomic(cell / "cell.json", json.dumps(audit.unsupported(row_of(empty)), indent=1) + "\n")
     own = own_files(args, cell) if args.framework == "own" else None

@@ -6,7 +6,8 @@ same requirements is reused.
   release_env.py --requirements "transformers==4.56.2 accelerate==1.10.1" --env .cache/audit-releases/NAME
                  --out versions.json
 
-versions.json: {requirement's package: installed version, ..., "torch": torch's version, "python": the venv's}.
+versions.json: {requirement's package: installed version, ..., "torch": torch's version, "python": the venv's};
+with "skipped": why, where pip cannot install the release here or it needs another torch.
 """
 
 import json
@@ -64,17 +65,21 @@ def main():
         raise UserError(f"--requirements: give pinned releases, package==version ... (got {args.requirements!r})")
     pinned = dict(r.split("==") for r in requirements)
     env = Path(args.env)
-    if not (env / COMPLETE).exists() or (env / COMPLETE).read_text().split() != requirements:
-        make(env, requirements)
-    versions = installed(env / "bin" / "python", list(pinned))
+    import torch
+
+    try:
+        if not (env / COMPLETE).exists() or (env / COMPLETE).read_text().split() != requirements:
+            make(env, requirements)
+        versions = installed(env / "bin" / "python", list(pinned))
+        if versions["torch"] != torch.__version__:
+            raise UserError(f"needs torch {versions['torch']} (pip's choice), not this environment's "
+                            f"{torch.__version__}, which the audit does not vary")
+    except UserError as e:  # a release that cannot live beside this torch and Python: its cells say so
+        print(f"release_env: skipped: {e}", file=sys.stderr)
+        versions = {**pinned, "torch": torch.__version__, "skipped": str(e)}
     wrong = [f"{p}=={v} (got {versions[p]})" for p, v in pinned.items() if versions[p] != v]
     if wrong:
         raise UserError(f"{env}: installed other versions than asked: {', '.join(wrong)}")
-    import torch
-
-    if versions["torch"] != torch.__version__:
-        raise UserError(f"{' '.join(requirements)} installed torch {versions['torch']}, not this environment's "
-                        f"{torch.__version__}: the release needs another torch, which the audit does not vary")
     write_text_atomic(args.out, json.dumps({**versions, "python": str(env.resolve() / "bin" / "python")},
                                            indent=1) + "\n")
 

@@ -202,8 +202,8 @@ def unsupported(row: dict) -> dict:
 def verdict(row: dict) -> str:
     """exact; repaired (the named piece restored by hand made it exact); failed (the resume did not run, or a
     release could not run the script at all); unknown (no repair made it exact); unsupported (the script cannot
-    run the scenario)."""
-    if row["cause"].startswith("not supported"):
+    run the scenario, or a release cannot be installed beside this torch: skipped)."""
+    if row["cause"].startswith(("not supported", "skipped")):
         return "unsupported"
     if str(row["exact"]) == "True":
         return "exact"
@@ -244,6 +244,8 @@ def summary_table(rows: list, controls: list, fp16: dict) -> str:
             return "exact"
         rank = f", rank {r['first_rank']}" if SCENARIOS[r["scenario"]].ranks > 1 else ""
         where = f"step {r['first_step']}{rank}: {r['first_state']}" if r["first_step"] != "" else "weights"
+        if r["cause"].startswith("not repaired"):
+            return f"**{where}**, not repaired"
         return {"repaired": f"**{where}**, repaired", "unknown": f"**{where}**, cause unknown",
                 "failed": "resume failed", "unsupported": "not supported"}[v]
 
@@ -316,7 +318,7 @@ def in_release(row: dict, release: dict) -> dict:
     """ROW as run in a release's environment (RELEASE: release_env.py's versions.json): the framework's version
     there, and the versions of the packages its resume goes through ("with")."""
     package = PACKAGES[row["framework"]]
-    others = " ".join(f"{p} {v}" for p, v in release.items() if p not in (package, "torch", "python"))
+    others = " ".join(f"{p} {v}" for p, v in release.items() if p not in (package, "torch", "python", "skipped"))
     return {**row, "version": release[package], "with": others, "torch": release["torch"].split("+")[0]}
 
 
@@ -333,7 +335,10 @@ def release_label(row: dict) -> str:
 
 def first_exact(rows: list) -> str:
     """The release from which every later one audited is exact (ROWS: one framework and scenario, oldest
-    first): the fix's first release, as far as these releases can tell."""
+    first): the fix's first release, as far as these releases can tell. Skipped releases say nothing."""
+    rows = [r for r in rows if verdict(r) != "unsupported"]
+    if not rows:
+        return "none audited"
     later = len(rows)
     while later > 0 and verdict(rows[later - 1]) == "exact":
         later -= 1
@@ -364,7 +369,8 @@ def releases_table(rows: list) -> str:
             for s in scenarios:
                 c = by[f, s][i]
                 v = verdict(c)
-                cells.append(v if v in ("exact", "failed") else f"step {c['first_step']}: {c['first_state']}")
+                shown = {"exact": "exact", "failed": "failed", "unsupported": "skipped"}
+                cells.append(shown.get(v) or f"step {c['first_step']}: {c['first_state']}")
             lines.append(f"| {f} | {release_label(r)} | " + " | ".join(cells) + " |")
     lines += ["", f"torch {rows[0]['torch']} in every environment; {STEPS} optimizer steps, cut per scenario "
               "(docs/audit.md); first step and piece from each cell's certificate."]
