@@ -86,9 +86,9 @@ rule release_env:
         versions=f"{RELEASES}/{{release}}/versions.json",
     log:
         f"{OUT}/logs/audit/releases/{{release}}.log",
-    localrule: True  # pip reaches the package index from here, not from a cluster's node
     wildcard_constraints:
         release="|".join(map(re.escape, RELEASE_ENVS)),
+    localrule: True  # pip reaches the package index from here, not from a cluster's node
     conda:
         ENV
     params:
