@@ -115,7 +115,10 @@ class Started:
 
     def send_signal(self, sig) -> None:
         if self.returncode is None:
-            os.kill(self.pid, sig)
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:  # it ended, and the fork server reaped it before exitcode was polled
+                pass
 
     @property
     def returncode(self):
