@@ -76,6 +76,7 @@ rule audit:
 # venv of one release of its framework and of the packages its resume goes through (config audit_releases)
 RELEASES = f"{AUDIT}/releases"
 RELEASE_CELL = f"{RELEASES}/{{release}}/{{framework}}/{{scenario}}"
+RELEASE_WILDCARD = "|".join(map(re.escape, RELEASE_ENVS))
 
 
 rule release_env:
@@ -87,7 +88,7 @@ rule release_env:
     log:
         f"{OUT}/logs/audit/releases/{{release}}.log",
     wildcard_constraints:
-        release="|".join(map(re.escape, RELEASE_ENVS)),
+        release=RELEASE_WILDCARD,
     localrule: True  # pip reaches the package index from here, not from a cluster's node
     conda:
         ENV
@@ -112,7 +113,7 @@ use rule audit_cell as release_cell with:
     log:
         f"{OUT}/logs/audit/releases/{{release}}/{{framework}}/{{scenario}}.log",
     wildcard_constraints:
-        release="|".join(map(re.escape, RELEASE_ENVS)),
+        release=RELEASE_WILDCARD,
         framework="|".join(AUDIT_ROWS),
         scenario="|".join(AUDIT_SCENARIOS),
     params:

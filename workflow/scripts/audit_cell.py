@@ -31,6 +31,10 @@ def own_files(args, cell: Path) -> dict:
             "tokens": args.tokens}
 
 
+def write_row(cell: Path, row: dict) -> None:
+    write_text_atomic(cell / "cell.json", json.dumps(row, indent=1) + "\n")
+
+
 def main():
     p = OneLineParser(description=__doc__.split("\n\n")[0])
     for name in ("framework", "scenario", "script", "settings", "cell"):
@@ -49,10 +53,9 @@ def main():
 
     empty = {"deterministic": "", "exact": False, "first": None}
     if release and "skipped" in release:
-        row = {**row_of(empty), "cause": f"skipped: {release['skipped']}"}
-        return write_text_atomic(cell / "cell.json", json.dumps(row, indent=1) + "\n")
+        return write_row(cell, {**row_of(empty), "cause": f"skipped: {release['skipped']}"})
     if args.framework in dict(scenario.unsupported):
-        return write_text_atomic(cell / "cell.json", json.dumps(audit.unsupported(row_of(empty)), indent=1) + "\n")
+        return write_row(cell, audit.unsupported(row_of(empty)))
     own = own_files(args, cell) if args.framework == "own" else None
     python = release["python"] if release else sys.executable
     command, resume = audit.command(args.framework, scenario, args.script, python, own)
@@ -71,7 +74,7 @@ def main():
         else:
             raise UserError(f"{args.framework} {args.scenario}: {e}") from None
         print(f"audit: {e}", file=sys.stderr)
-    write_text_atomic(cell / "cell.json", json.dumps(row, indent=1) + "\n")
+    write_row(cell, row)
 
 
 if __name__ == "__main__":

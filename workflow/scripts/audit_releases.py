@@ -26,8 +26,9 @@ def main():
     for framework in dict.fromkeys(r["framework"] for r in rows):
         mine = [r for r in rows if r["framework"] == framework]
         scenarios = list(dict.fromkeys(r["scenario"] for r in mine))
-        releases = list(dict.fromkeys(release_label(r).replace(" (", "\n(") for r in mine))
-        by = {(release_label(r).replace(" (", "\n("), r["scenario"]): verdict(r) for r in mine}
+        label = {id(r): release_label(r).replace(" (", "\n(") for r in mine}  # the package it goes through below
+        releases = list(dict.fromkeys(label[id(r)] for r in mine))
+        by = {(label[id(r)], r["scenario"]): verdict(r) for r in mine}
         panels.append((framework, [[by[rel, s] for rel in releases] for s in scenarios], scenarios, releases))
     plot_releases(panels, args.plot)
 

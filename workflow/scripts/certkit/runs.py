@@ -163,7 +163,8 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
                           "processes started without -I or -E", out / "straight.log")
     last = max(max(rows) for rows in straight.values())
     if max(kill_at, again + 1) > last:
-        options = f"--stop-after {stop_after}" + (f" --lose {lose}" if lose else "") + (f" --again {again}" if again else "")
+        options = (f"--stop-after {stop_after}" + (f" --lose {lose}" if lose else "")
+                   + (f" --again {again}" if again else ""))
         raise CannotJudge(f"{options}: the run makes {last} optimizer steps, so the kill before step "
                           f"{max(kill_at, again + 1)} would never come")
     code, stopped, killed = run("stopped", command, "resumed", CERTIFY_KILL_AT=kill_at)

@@ -49,8 +49,8 @@ SCENARIOS = {
     "ddp2_dropout": Scenario(3, "2 ranks with dropout 0.1: an RNG per rank", ranks=2, dropout=0.1),
     "random_collator": Scenario(3, "a collator that masks tokens at random", random_collator=True, unsupported=(
         ("own", "run.py's data path has no collator option (docs/checkpoints.md: the data position is a value)"),)),
-    "stateful_loader": Scenario(3, "torchdata's StatefulDataLoader, its state saved by the framework", stateful_loader=True,
-                                unsupported=(
+    "stateful_loader": Scenario(3, "torchdata's StatefulDataLoader, its state saved by the framework",
+                                stateful_loader=True, unsupported=(
         ("own", "run.py's data position is its own value in the resume file (docs/checkpoints.md)"),
         ("transformers", "TrainingArguments.accelerator_config (AcceleratorConfig) has no use_stateful_dataloader "
                          "in transformers 5.23.0"),
