@@ -39,7 +39,7 @@ def main():
     torch.set_num_threads(1)
     torch.manual_seed(0)  # before the model: every rank builds the same weights
     model = TinyLM(args.dropout)
-    train = model = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
+    train = torch.nn.parallel.DistributedDataParallel(model) if distributed else model  # saved without its "module."
     torch.manual_seed(1 + rank)  # each rank its own dropout stream
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / args.steps)))

@@ -309,6 +309,17 @@ BREAKAGES = [
     Breakage("certify: an RNG nobody seeds compared as if seeded", C + "verdict.py", "judge",
              'if 1 in stopped.get(r, {}) and straight[r][1].get(p) != stopped[r][1].get(p)})',
              'if False})', (T + "test_certify.py::test_an_emptied_optimizer_state_is_named_optimizer_state_and_so_is_certifys_own_control",)),
+    Breakage("certify: the resumed runs run COMMAND, not --resume-command", C + "runs.py", "certify",
+             "resuming = (resume_command or command) + shlex.split(resume)", "resuming = command + shlex.split(resume)",
+             (T + "test_certify.py::test_a_torchrun_command_resumed_on_one_process_by_resume_command_is_judged_on_rank_0",)),
+    Breakage("certify: resumed on fewer ranks, each process's samples and RNG compared", C + "verdict.py", "judge",
+             "unseeded = sorted(set(unseeded) | set(PER_PROCESS), key=PIECES.index)", "pass",
+             (T + "test_certify.py::test_a_resume_on_fewer_ranks_is_judged_on_the_ranks_both_have_in_what_the_update"
+                  "_computes_from",)),
+    Breakage("certify: a rank lost without --resume-command forgiven", C + "verdict.py", "judge",
+             "rescaled = other_world and set(resumed) != set(straight)", "rescaled = set(resumed) != set(straight)",
+             (T + "test_certify.py::test_a_resume_on_fewer_ranks_is_judged_on_the_ranks_both_have_in_what_the_update"
+                  "_computes_from",)),
     Breakage("certify: a digest that sums words, blind to their order", C + "digest.py", "words_digest",
              "int(np.dot(chunk, _KEYS[:chunk.size]))", "int(chunk.sum())",
              (T + "test_certify.py::test_a_digest_sees_one_changed_byte_two_swapped_words_and_nothing_else",)),

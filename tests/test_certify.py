@@ -160,6 +160,57 @@ def test_ddp_under_torchrun_that_forgets_rank_1s_rng_is_named_rank_1_rng_and_the
     assert "plain_loop.py" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 
 
+def test_a_torchrun_command_resumed_on_one_process_by_resume_command_is_judged_on_rank_0(tmp_path):
+    """Catches: --resume-command not run (the resumed run would have 2 ranks again) or run for the straight or
+    stopped run; a verdict that does not say it was resumed on fewer ranks; the final weights compared on a
+    rank the resumed run lacks (no number then). The plain loop shards the data with a DistributedSampler on 2
+    ranks and shuffles it whole on 1: the update's inputs differ from the first resumed step, as gradients."""
+    script = [REPO / "examples" / "plain_loop.py", "--out", "{run}", "--steps", "6"]
+    proc, verdict = certify(tmp_path, 3, [*TORCHRUN, *script], "--resume {run}/step_{step}.pt",
+                            "--resume-command", " ".join(map(str, [sys.executable, *script])))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert verdict["ranks"] == {"straight": 2, "resumed": 1}
+    assert verdict["steps"]["straight"] == {"0": [1, 6], "1": [1, 6]} and verdict["steps"]["resumed"] == {"0": [4, 6]}
+    assert (verdict["first"]["step"], verdict["first"]["rank"], verdict["first"]["piece"]) == (4, 0, "gradients")
+    final = {run: torch.load(tmp_path / run / "rank0.final.pt", weights_only=True) for run in ("straight", "resumed")}
+    gap = max(float((a.double() - b.double()).abs().max()) for a, b in zip(final["straight"], final["resumed"]))
+    assert gap > 0 and verdict["max_abs_dw"] == gap
+    assert "Resumed on 1 rank of 2" in (tmp_path / "verdict.md").read_text()
+
+
+def test_a_resume_on_fewer_ranks_is_judged_on_the_ranks_both_have_in_what_the_update_computes_from():
+    """Catches: a resume on another number of ranks called not exact for the rank it no longer has, or for its
+    own samples and RNG (one process takes both ranks' micro-batches); the update's pieces left uncompared
+    there; that leniency reaching a resume without --resume-command, or one on as many ranks."""
+    from certkit import verdict
+
+    def row(step, rank, world, **changed):
+        return {"step": step, "rank": rank, **{p: f"{p}-{step}" for p in verdict.PIECES},
+                **{p: f"{p}-{step}-rank{rank}-of-{world}" for p in verdict.PER_PROCESS}, **changed}
+
+    def run(steps, world, changed=None):  # CHANGED: {(step, rank): {piece: value}}
+        return {r: {s: row(s, r, world, **(changed or {}).get((s, r), {})) for s in steps} for r in range(world)}
+
+    straight, stopped, killed = run(range(1, 9), 2), run(range(1, 5), 2), {0: 5, 1: 5}
+    on_one = run(range(5, 9), 1)  # resumed after step 4, on 1 rank: only what each process has differs
+    exact = verdict.judge(straight, stopped, on_one, killed, 4, other_world=True)
+    assert exact["exact"] and exact["first"] is None
+    assert exact["ranks"] == {"straight": 2, "resumed": 1}
+    assert set(verdict.PER_PROCESS) <= set(exact["not_compared"])
+    for piece in ("gradients", "lr", "optimizer", "params"):
+        drifted = run(range(5, 9), 1, {(7, 0): {piece: "other"}})
+        first = verdict.judge(straight, stopped, drifted, killed, 4, other_world=True)["first"]
+        assert (first["step"], first["rank"], first["piece"]) == (7, 0, piece)
+    # the same runs without --resume-command: rank 1 is missing from step 5 on, and rank 0's samples differ
+    plain = verdict.judge(straight, stopped, on_one, killed, 4)
+    assert (plain["first"]["step"], plain["first"]["rank"], plain["first"]["piece"]) == (5, 1, "missing")
+    assert plain["first"]["pieces"][0][0] == "samples" and plain["ranks"] is None
+    # another command on as many ranks is compared in every piece
+    same_world = run(range(5, 9), 2, {(6, 1): {"samples": "other"}})
+    found = verdict.judge(straight, stopped, same_world, killed, 4, other_world=True)
+    assert (found["first"]["step"], found["first"]["rank"], found["first"]["piece"]) == (6, 1, "samples")
+
+
 NO_STEP = [sys.executable, "-c", "import torch; print(torch.ones(2).sum())"]
 
 

@@ -125,13 +125,15 @@ def controlled(found: dict, straight: dict, run) -> dict:
 
 
 def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 0, timeout: float = 3600,
-            repair: bool = False, control: bool = False, again: int = 0) -> dict:
+            repair: bool = False, control: bool = False, again: int = 0, resume_command: list | None = None) -> dict:
     """The verdict on COMMAND's resume (verdict.judge's dict), with verdict.json, verdict.md and parting.svg
     written to OUT. REPAIR: where the first difference is samples or an RNG, resumed runs with the straight
     run's inputs or RNG states put back say whether they were all the checkpoint forgot. CONTROL: one more
     resumed run (with those repairs) whose optimizer state is emptied, which the verdict must name. AGAIN:
     the resumed run is killed again before step AGAIN + 1 and resumed from its own checkpoint of AGAIN (no
-    repair or control then: each puts its pieces back once, after K). Raises CannotJudge."""
+    repair or control then: each puts its pieces back once, after K). RESUME_COMMAND: the resumed runs run it
+    instead of COMMAND (another launcher, another number of ranks), the resume arguments added to it.
+    Raises CannotJudge."""
     if stop_after < 1 or lose < 0:
         raise CannotJudge(f"--stop-after must be at least 1 and --lose at least 0 (got {stop_after}, {lose})")
     if again and again <= stop_after + lose:
@@ -140,8 +142,10 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
         raise CannotJudge("--again resumes twice: --repair and --control put pieces back once, after K")
     if not command:
         raise CannotJudge("no command: certify [options] -- COMMAND ...")
-    if shutil.which(command[0]) is None:
-        raise CannotJudge(f"command not found: {command[0]}")
+    for argv in (command, resume_command or command):
+        if shutil.which(argv[0]) is None:
+            raise CannotJudge(f"command not found: {argv[0]}")
+    resuming = (resume_command or command) + shlex.split(resume)
     resume_args = shlex.split(resume)
     out = out.resolve()
     prepare(out)
@@ -180,7 +184,7 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
         shutil.copytree(out / "runs" / "resumed", checkpoint_copy, symlinks=True)
     first_leg = {}
     if again:  # the first resume, killed again after its own checkpoint of AGAIN
-        code, first_leg, killed_again = run("resumed.first", command + resume_args, "resumed",
+        code, first_leg, killed_again = run("resumed.first", resuming, "resumed",
                                             CERTIFY_STEP_OFFSET=stop_after, CERTIFY_KILL_AT=again + 1)
         if not killed_again:
             raise CannotJudge(f"resume failed: {last_line(out / 'resumed.first.log')}", out / "resumed.first.log")
@@ -188,19 +192,19 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
         if path:
             raise CannotJudge(f"resume failed: the first resumed run saved no checkpoint {path}",
                               out / "resumed.first.log")
-    code, resumed, _ = run("resumed", command + resume_args, "resumed", again or stop_after,
+    code, resumed, _ = run("resumed", resuming, "resumed", again or stop_after,
                            CERTIFY_STEP_OFFSET=again or stop_after, CERTIFY_KEEP_FINAL=1)
     if code != 0:
         raise CannotJudge(f"resume failed: {last_line(out / 'resumed.log')}", out / "resumed.log")
     if not resumed:
         raise CannotJudge("resume failed: the resumed run made no optimizer step", out / "resumed.log")
     resumed = {rank: {**first_leg.get(rank, {}), **rows} for rank, rows in resumed.items()}  # both legs' steps
-    found = verdict.judge(straight, stopped, resumed, killed, stop_after)
+    found = verdict.judge(straight, stopped, resumed, killed, stop_after, other_world=resume_command is not None)
     if not found["deterministic"]:
         b = found["before_kill"]
         raise CannotJudge(f"the command does not repeat itself: its straight and stopped runs differ at step "
                           f"{b['step']}, rank {b['rank']} ({verdict.NAMES[b['piece']]}), before any stop")
-    found["max_abs_dw"] = verdict.final_gap(out / "straight", out / "resumed")
+    found["max_abs_dw"] = verdict.final_gap(out / "straight", out / "resumed", set(resumed))
 
     def resumed_again(name, pieces, **settings):
         """One more resumed run, from a copy of step K's checkpoint, with PIECES of the straight run put back."""
@@ -210,7 +214,7 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
             settings["CERTIFY_RESTORE_RNG"] = out / "straight"
         if "samples" in pieces:
             settings["CERTIFY_REPLAY_INPUTS"] = out / "straight"
-        return run(name, command + resume_args, name, CERTIFY_STEP_OFFSET=stop_after, CERTIFY_KEEP_FINAL=1,
+        return run(name, resuming, name, CERTIFY_STEP_OFFSET=stop_after, CERTIFY_KEEP_FINAL=1,
                    **settings)
 
     if repair:
@@ -218,7 +222,8 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
     if control:
         found["control"] = controlled(found, straight,
                                       lambda pieces: resumed_again("control", pieces, CERTIFY_EMPTY_OPTIMIZER=1))
-    found.update(command=command, resume=resume, lose=lose, again=again)
+    found.update(command=command, resume=resume, lose=lose, again=again,
+                 resume_command=shlex.join(resume_command) if resume_command else None)
     verdict.write_atomic(out / "verdict.json", json.dumps(found, indent=1) + "\n")
     verdict.write_atomic(out / "verdict.md", verdict.markdown(found, shlex.join(command), resume, lose))
     verdict.write_atomic(out / "parting.svg", verdict.svg(found, straight, resumed))

@@ -17,6 +17,8 @@ NAMES = {"missing": "the step itself (one run lacks it)", "samples": "samples (w
          "rng_cuda": "RNG (CUDA)", "gradients": "gradients", "scale": "GradScaler scale", "lr": "LR",
          "optimizer": "optimizer state", "params": "parameters"}
 ORDER = ("missing",) + PIECES
+# what each process has of its own: on another number of ranks a process gets other slices and draws
+PER_PROCESS = ("samples", "rng_torch", "rng_numpy", "rng_python", "rng_cuda")
 REPAIRED = {"samples": "the straight run's model inputs (every forward after step K)",
             "rng": "the straight run's RNG states (at the first forward of step K + 1)"}
 
@@ -62,9 +64,13 @@ def first_difference(reference: dict, other: dict, steps, ignore=()) -> dict | N
     return None
 
 
-def judge(straight: dict, stopped: dict, resumed: dict, killed: dict, stop_after: int) -> dict:
+def judge(straight: dict, stopped: dict, resumed: dict, killed: dict, stop_after: int,
+          other_world: bool = False) -> dict:
     """The verdict on three runs' certificates: straight, stopped (killed before step KILLED's update) and
-    resumed (from step STOP_AFTER's checkpoint)."""
+    resumed (from step STOP_AFTER's checkpoint). OTHER_WORLD: the resumed run is another command, which may
+    run on another number of ranks: then it is compared on the ranks both runs have, in what the update
+    computes from (gradients after any all-reduce, LR, optimizer state, parameters), not in what each process
+    has of its own (PER_PROCESS)."""
     last = max(max(rows) for rows in straight.values())
     killed_at = min(killed.values())
     # a global RNG the command never seeds starts from the OS's entropy in every process: it differs between
@@ -73,23 +79,30 @@ def judge(straight: dict, stopped: dict, resumed: dict, killed: dict, stop_after
     unseeded = sorted({p for p in PIECES if p.startswith("rng_") for r in straight
                        if 1 in stopped.get(r, {}) and straight[r][1].get(p) != stopped[r][1].get(p)})
     before_kill = first_difference(straight, stopped, range(1, killed_at), unseeded)
-    first = first_difference(straight, resumed, range(stop_after + 1, last + 1), unseeded)
+    rescaled = other_world and set(resumed) != set(straight)
+    compared = {r: rows for r, rows in straight.items() if r in resumed} if rescaled else straight
+    if rescaled:
+        unseeded = sorted(set(unseeded) | set(PER_PROCESS), key=PIECES.index)
+    first = first_difference(compared, resumed, range(stop_after + 1, last + 1), unseeded)
     extra = sorted({s for rows in resumed.values() for s in rows if s > last})
     if first is None and extra:
         first = {"step": extra[0], "rank": min(resumed), "piece": "missing", "pieces": {}}
     return {"exact": first is None, "deterministic": before_kill is None, "before_kill": before_kill,
             "first": first, "steps": {"straight": steps_of(straight), "stopped": steps_of(stopped),
                                       "resumed": steps_of(resumed)},
-            "killed_at": killed, "stop_after": stop_after, "last_step": last, "not_compared": unseeded}
+            "killed_at": killed, "stop_after": stop_after, "last_step": last, "not_compared": unseeded,
+            "ranks": {"straight": len(set(stopped) | set(straight)), "resumed": len(resumed)} if rescaled else None}
 
 
-def final_gap(a, b) -> float | None:
-    """max |Δw| between the final parameters two runs' recorders kept (rank<R>.final.pt, every rank), or None
-    where a rank's are missing or differ in shape."""
+def final_gap(a, b, ranks=None) -> float | None:
+    """max |Δw| between the final parameters two runs' recorders kept (rank<R>.final.pt, every rank of A, or
+    RANKS), or None where a rank's are missing or differ in shape."""
     import torch
 
     gaps = []
     for path in sorted(Path(a).glob("rank*.final.pt")):
+        if ranks is not None and int(path.name.split(".")[0].removeprefix("rank")) not in ranks:
+            continue
         other = Path(b) / path.name
         if not other.exists():
             return None
@@ -113,6 +126,9 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def headline(v: dict) -> str:
+    if v["exact"] and v.get("ranks"):
+        return (f"**exact**: the resumed run matches the straight run at every optimizer step "
+                f"{v['stop_after'] + 1}..{v['last_step']}, on the ranks both have, in what the update computes from")
     if v["exact"]:
         return (f"**exact**: the resumed run matches the straight run at every optimizer step "
                 f"{v['stop_after'] + 1}..{v['last_step']}, on every rank, in every piece recorded")
@@ -136,7 +152,7 @@ def markdown(v: dict, command: str, resume: str, lose: int) -> str:
             if repair["exact"] else "still not exact" + (f", first at step {again['step']}, rank {again['rank']}: "
                                                         f"{NAMES[again['piece']]}" if again else f" ({repair['why']})")
             + "."), ""]
-    elif repair:
+    elif repair and not v["exact"]:
         lines += [f"Repair: none tried ({repair['why']}).", ""]
     control = v.get("control")
     if control:
@@ -157,7 +173,13 @@ def markdown(v: dict, command: str, resume: str, lose: int) -> str:
               + (f", killed again before the update of step {v['again'] + 1} and resumed from its own checkpoint of "
                  f"step {v['again']}" if v.get("again") else "") + ".", "",
               "![where the runs part](parting.svg)", ""]
-    if v["not_compared"]:
+    if v.get("ranks"):
+        n = v["ranks"]
+        lines += [f"Resumed on {n['resumed']} rank{'s' * (n['resumed'] > 1)} of {n['straight']} (`{v['resume_command']}`):"
+                  f" compared on rank {', '.join(str(r) for r in sorted(v['steps']['resumed']))} in what the update "
+                  "computes from (gradients after the all-reduce, LR, optimizer state, parameters); samples and "
+                  "RNG states are each process's own there, and are not compared.", ""]
+    elif v["not_compared"]:
         lines += ["Not compared: " + ", ".join(NAMES[p] for p in v["not_compared"]) + ", never seeded (it differs "
                   "between two fresh runs from their first step); what the command drew from it would show as "
                   "samples or gradients.", ""]
