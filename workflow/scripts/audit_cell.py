@@ -21,14 +21,20 @@ from mmkit.errors import OneLineParser, UserError, run_cli
 
 
 def own_files(args, cell: Path) -> dict:
-    """run.py's config for the scenario, and its data: the first 32 documents (8 batches an epoch)."""
+    """run.py's config for the scenario (and for its resume on fewer ranks), and its data: the first 32
+    documents (8 batches an epoch) in MiniMind's format, or the tokens in windows on several ranks."""
     base, settings = (yaml.safe_load(Path(f).read_text()) for f in (args.own_preset, args.settings))
-    write_text_atomic(cell / "own.yaml", yaml.safe_dump(audit.own_config(base, audit.SCENARIOS[args.scenario],
-                                                                         settings), sort_keys=False))
+    scenario = audit.SCENARIOS[args.scenario]
+    files = {"config": cell / "own.yaml", "resume_config": cell / "own-resumed.yaml"}
+    for name, ranks in (("config", None), ("resume_config", scenario.resume_ranks)):
+        if name == "config" or ranks:
+            config = audit.own_config(base, scenario, settings, ranks)
+            write_text_atomic(files[name], yaml.safe_dump(config, sort_keys=False))
+    if audit.own_format(scenario) == "windows":
+        return {**files, "data": ["--tokens", args.tokens]}
     documents = Path(args.jsonl).read_text().splitlines()[:4 * audit.BATCHES_PER_EPOCH]
     write_text_atomic(cell / "own.jsonl", "\n".join(documents) + "\n")
-    return {"config": cell / "own.yaml", "jsonl": cell / "own.jsonl", "tokenizer": args.tokenizer,
-            "tokens": args.tokens}
+    return {**files, "data": ["--jsonl", cell / "own.jsonl", "--tokenizer", args.tokenizer]}
 
 
 def write_row(cell: Path, row: dict) -> None:
@@ -58,11 +64,12 @@ def main():
         return write_row(cell, audit.unsupported(row_of(empty)))
     own = own_files(args, cell) if args.framework == "own" else None
     python = release["python"] if release else sys.executable
-    command, resume = audit.command(args.framework, scenario, args.script, python, own)
+    command, resume, resume_command = audit.command(args.framework, scenario, args.script, python, own)
     try:
         found = certify([str(t) for t in command], resume, cell / "certify", scenario.cut, scenario.lose,
                         repair=not scenario.again, again=scenario.again,
-                        control=args.scenario == audit.CONTROL_SCENARIO and not release)
+                        control=args.scenario == audit.CONTROL_SCENARIO and not release,
+                        resume_command=[str(t) for t in resume_command] if resume_command else None)
         row = row_of(found)
         if "control" in found:
             row["control"] = audit.control_of(args.framework, found)

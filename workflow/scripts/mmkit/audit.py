@@ -6,7 +6,7 @@ and the matrix itself. The certificate, the kill, the repairs and the negative c
 """
 
 import importlib.metadata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import UserError
 
@@ -23,6 +23,7 @@ class Scenario:
     accumulation: int = 1
     precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast and a GradScaler)
     ranks: int = 1  # processes, DDP over gloo, through the framework's documented launcher
+    resume_ranks: int = 0  # resumed on this many ranks instead (certify --resume-command), the global batch kept
     lose: int = 0  # SIGKILLed this many steps after the cut's checkpoint, which are lost (certify --lose)
     again: int = 0  # the resumed run killed again after its checkpoint of this step, and resumed (certify --again)
     warmup: int = 0  # LR warmup steps before the cosine schedule
@@ -46,6 +47,8 @@ SCENARIOS = {
                        unsupported=(("own", "run.py's LR schedule is MiniMind's cosine, without a warmup "
                                              "(mmkit/train.py)"),)),
     "ddp2": Scenario(3, "2 ranks, DDP over gloo, mid-epoch", ranks=2),
+    "ddp2_to_1": Scenario(3, "2 ranks, resumed on 1 with twice the accumulation (the same global batch)", ranks=2,
+                          resume_ranks=1),
     "ddp2_dropout": Scenario(3, "2 ranks with dropout 0.1: an RNG per rank", ranks=2, dropout=0.1),
     "random_collator": Scenario(3, "a collator that masks tokens at random", random_collator=True, unsupported=(
         ("own", "run.py's data path has no collator option (docs/checkpoints.md: the data position is a value)"),)),
@@ -95,10 +98,26 @@ def require(framework: str) -> None:
                         f"pip install -r requirements.txt (or pip install {package})") from None
 
 
+def resumed_on_fewer(scenario: Scenario) -> Scenario:
+    """SCENARIO on its resume_ranks, each rank taking as many more micro-batches a step as it has fewer ranks."""
+    return replace(scenario, ranks=scenario.resume_ranks,
+                   accumulation=scenario.accumulation * scenario.ranks // scenario.resume_ranks, resume_ranks=0)
+
+
 def command(framework: str, scenario: Scenario, script: str, python: str, own: dict | None = None) -> tuple:
-    """(COMMAND, resume arguments) of a cell, for certify: FRAMEWORK's SCRIPT with SCENARIO as its own flags,
-    under torchrun where it has several ranks (Lightning starts its own). OWN: run.py's files for the own row
-    (config, jsonl, tokenizer), whose scenario is in its config."""
+    """(COMMAND, resume arguments, the resumed runs' command or None) of a cell, for certify: FRAMEWORK's
+    SCRIPT with SCENARIO as its own flags, under torchrun where it has several ranks (Lightning starts its own).
+    OWN: run.py's files for the own row (config, resume_config, data), whose scenario is in its config."""
+    argv, resume = one_command(framework, scenario, script, python, own)
+    if not scenario.resume_ranks:
+        return argv, resume, None
+    if framework == "own":  # run.py continues on another world size from a resume file, with --reshard
+        own = {**own, "config": own["resume_config"], "checkpoints": False}
+        resume = f"--resume {{run}}/checkpoints/step_{scenario.cut:06d}.pth --reshard"
+    return argv, resume, one_command(framework, resumed_on_fewer(scenario), script, python, own)[0]
+
+
+def one_command(framework: str, scenario: Scenario, script: str, python: str, own: dict | None = None) -> tuple:
     s, flags = scenario, []
     launch = [python]
     if s.ranks > 1 and framework != "lightning" and framework != "lightning_stateful":
@@ -106,9 +125,8 @@ def command(framework: str, scenario: Scenario, script: str, python: str, own: d
         # under it as they are (https://huggingface.co/docs/accelerate/basic_tutorials/launch#using-torchrun)
         launch = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(s.ranks)]
     if framework == "own":  # auto-resumes from its checkpoint folder: no resume arguments
-        data = ["--tokens", own["tokens"]] if s.ranks > 1 else ["--jsonl", own["jsonl"], "--tokenizer", own["tokenizer"]]
-        return ([*launch, script, "--config", own["config"], *data, "--out", "{run}/weights.pth", "--checkpoint-dir",
-                 "{run}/checkpoints"], "")
+        checkpoints = ["--checkpoint-dir", "{run}/checkpoints"] if own.get("checkpoints", True) else []
+        return [*launch, script, "--config", own["config"], *own["data"], "--out", "{run}/weights.pth", *checkpoints], ""
     if framework == "transformers":
         flags = ["--output_dir", "{run}", "--save_steps", s.cut, "--dropout", s.dropout,
                  "--gradient_accumulation_steps", s.accumulation, "--dataloader_num_workers", s.workers]
@@ -136,18 +154,24 @@ def command(framework: str, scenario: Scenario, script: str, python: str, own: d
     return [*launch, script, "--max_steps", STEPS, *flags], resume
 
 
-def own_config(base: dict, scenario: Scenario, settings: dict) -> dict:
+def own_config(base: dict, scenario: Scenario, settings: dict, ranks: int | None = None) -> dict:
     """run.py's settings for the own row: BASE (presets/certify-own.yaml) with the audit's seed, threads and
-    vocabulary (SETTINGS), its sizes, a checkpoint at every cut, and SCENARIO; MiniMind's own data format, so
-    that it has epochs and DataLoader workers, but on several ranks the windows format (run.py runs MiniMind's
-    on one rank: an epoch's short last batch cannot be cut into equal rank slices)."""
+    vocabulary (SETTINGS), its sizes, a checkpoint at every cut, and SCENARIO on RANKS (default its own);
+    MiniMind's own data format, so that it has epochs and DataLoader workers, but the windows format where
+    it has several ranks (run.py runs MiniMind's on one rank: an epoch's short last batch cannot be cut into
+    equal rank slices). Resumed on fewer ranks, each batch is cut into as many slices as the straight run has
+    ranks, so that the global batch is summed in the same order on either."""
+    slices = scenario.ranks if scenario.resume_ranks else base["parallel"]["batch_slices"]
     return {**base, "seed": settings["seed"], "threads": settings["threads"], "steps": STEPS, "batch_size": 4,
             "accumulation_steps": scenario.accumulation, "precision": scenario.precision,
             "model": {**base["model"], "dropout": scenario.dropout, "vocab_size": settings["model"]["vocab_size"]},
             "checkpoint": {**base["checkpoint"], "every": scenario.cut},
-            "parallel": {**base["parallel"], "world_size": scenario.ranks},
-            "data": {**base["data"], "format": "minimind" if scenario.ranks == 1 else "windows",
-                     "workers": scenario.workers}}
+            "parallel": {**base["parallel"], "world_size": ranks or scenario.ranks, "batch_slices": slices},
+            "data": {**base["data"], "format": own_format(scenario), "workers": scenario.workers}}
+
+
+def own_format(scenario: Scenario) -> str:
+    return "minimind" if scenario.ranks == 1 else "windows"
 
 
 def row_of(framework: str, scenario: str, found: dict) -> dict:
@@ -169,6 +193,11 @@ def row_of(framework: str, scenario: str, found: dict) -> dict:
         return row
     if found.get("again"):
         return {**row, "cause": "not repaired: two resumes (a repair puts the pieces back once, after the cut)"}
+    if found.get("ranks"):  # another world size: the update's inputs differ, which no repair puts back
+        n = found["ranks"]
+        what = f"first differs in {PIECES[first['piece']]}" if first else "the final weights differ"
+        return {**row, "cause": f"resumed on {n['resumed']} of {n['straight']} ranks: {what} (each process's "
+                                "samples and RNG are not compared: a difference in them shows there)"}
     repair = found.get("repair", {})
     if repair.get("exact"):
         named = " + ".join(REPAIRED[p] for p in repair["restored"])
