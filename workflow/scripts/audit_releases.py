@@ -28,8 +28,10 @@ def main():
         scenarios = list(dict.fromkeys(r["scenario"] for r in mine))
         label = {id(r): release_label(r).replace(" (", "\n(") for r in mine}  # the package it goes through below
         releases = list(dict.fromkeys(label[id(r)] for r in mine))
-        by = {(label[id(r)], r["scenario"]): verdict(r) for r in mine}
-        panels.append((framework, [[by[rel, s] for rel in releases] for s in scenarios], scenarios, releases))
+        by = {(label[id(r)], r["scenario"]): r for r in mine}
+        cells = [[by[rel, s] for rel in releases] for s in scenarios]
+        text = [["skipped" if r["cause"].startswith("skipped") else verdict(r) for r in row] for row in cells]
+        panels.append((framework, [[verdict(r) for r in row] for row in cells], text, scenarios, releases))
     plot_releases(panels, args.plot)
 
 

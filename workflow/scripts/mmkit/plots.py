@@ -59,14 +59,15 @@ AUDIT_COLOURS = {"exact": "#4caf50", "repaired": "#ffb300", "unknown": "#e53935"
                  "unsupported": "#ffffff"}
 
 
-def verdict_map(ax, grid: list[list[str]], rows: list, columns: list) -> None:
-    """A heat map of verdicts on AX: ROWS by COLUMNS, each cell coloured by its verdict and named."""
+def verdict_map(ax, grid: list[list[str]], rows: list, columns: list, text: list | None = None) -> None:
+    """A heat map of verdicts on AX: ROWS by COLUMNS, each cell coloured by its verdict and named (by TEXT,
+    a grid of the same shape, where given)."""
     from matplotlib.colors import ListedColormap
 
     names = list(AUDIT_COLOURS)
     ax.imshow([[names.index(v) for v in row] for row in grid], cmap=ListedColormap(list(AUDIT_COLOURS.values())),
               vmin=0, vmax=len(names) - 1, aspect="auto")
-    for i, row in enumerate(grid):
+    for i, row in enumerate(text or grid):
         for j, v in enumerate(row):
             ax.text(j, i, v, ha="center", va="center", fontsize=8)
     ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right", fontsize=8)
@@ -85,14 +86,14 @@ def plot_audit(grid: list[list[str]], frameworks: list, scenarios: list, path) -
 
 
 def plot_releases(panels: list, path) -> None:
-    """The audit across releases: a panel per framework (PANELS: (framework, grid, scenarios, releases)),
-    releases across and scenarios down, each cell coloured by its verdict."""
+    """The audit across releases: a panel per framework (PANELS: (framework, grid, text, scenarios, releases)),
+    releases across and scenarios down, each cell coloured by its verdict and named by its TEXT."""
     width = max(len(releases) for *_, releases in panels)
-    heights = [len(scenarios) + 2.2 for _, _, scenarios, _ in panels]
+    heights = [len(scenarios) + 2.2 for *_, scenarios, _ in panels]
     fig, axes = plt.subplots(len(panels), 1, figsize=(1.5 * width + 2.5, 0.45 * sum(heights) + 0.6),
                              gridspec_kw={"height_ratios": heights}, squeeze=False)
-    for ax, (framework, grid, scenarios, releases) in zip(axes[:, 0], panels):
-        verdict_map(ax, grid, scenarios, releases)
+    for ax, (framework, grid, text, scenarios, releases) in zip(axes[:, 0], panels):
+        verdict_map(ax, grid, scenarios, releases, text)
         ax.set_title(framework, fontsize=9, loc="left")
     fig.suptitle("Resumed vs straight, bit for bit, release by release (oldest left)", fontsize=10)
     fig.tight_layout()
