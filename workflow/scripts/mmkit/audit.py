@@ -32,6 +32,12 @@ class Scenario:
     unsupported: tuple = ()  # (row, why) where the script has no way to do it: the cell says so
 
 
+NO_STATEFUL_LOADER = (  # the rows that take no torchdata StatefulDataLoader, and why
+    ("own", "run.py's data position is its own value in the resume file (docs/checkpoints.md)"),
+    ("transformers", "TrainingArguments.accelerator_config (AcceleratorConfig) has no use_stateful_dataloader "
+                     "in transformers 5.23.0"),
+    ("lightning_stateful", "its loader is stateful already; the lightning row's cell is torchdata's"))
+
 SCENARIOS = {
     "mid_epoch": Scenario(3, "a cut in the middle of the first epoch, shuffled"),
     "second_epoch": Scenario(BATCHES_PER_EPOCH + 3, "the cut in the second epoch"),
@@ -53,11 +59,9 @@ SCENARIOS = {
     "random_collator": Scenario(3, "a collator that masks tokens at random", random_collator=True, unsupported=(
         ("own", "run.py's data path has no collator option (docs/checkpoints.md: the data position is a value)"),)),
     "stateful_loader": Scenario(3, "torchdata's StatefulDataLoader, its state saved by the framework",
-                                stateful_loader=True, unsupported=(
-        ("own", "run.py's data position is its own value in the resume file (docs/checkpoints.md)"),
-        ("transformers", "TrainingArguments.accelerator_config (AcceleratorConfig) has no use_stateful_dataloader "
-                         "in transformers 5.23.0"),
-        ("lightning_stateful", "its loader is stateful already; the lightning row's cell is torchdata's"))),
+                                stateful_loader=True, unsupported=NO_STATEFUL_LOADER),
+    "stateful_ddp2": Scenario(3, "the same on 2 ranks (accelerate #4195: the position restored, the shuffle "
+                                 "order not)", ranks=2, stateful_loader=True, unsupported=NO_STATEFUL_LOADER),
 }
 CONTROL_SCENARIO = "mid_epoch"  # the cell that also runs its framework's negative control
 
