@@ -24,7 +24,7 @@ TEST_WORKERS ?= 2
 # .test-record/: which tree ran, how each test ended, where its tiny pipeline is (make mutants reuses them)
 test: $(BIN)/.test
 	$(RUN) MMKIT_TEST_RECORD=$(abspath .test-record) MMKIT_MUTANTS_OUTCOMES=$(abspath .test-record)/outcomes.jsonl \
-		PYTHONPATH=tests python -m pytest -q -rs -p mutants -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=12 tests
+		PYTHONPATH=tests python -m pytest -q -rs -p outcomes -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=12 tests
 
 # the suite under load: four test files at a time on two cores, so every test gets about half the CPU it
 # gets in make test (a busy CI machine's share); a test that assumes how far a job gets in some time fails here

@@ -47,12 +47,12 @@ def pytest_sessionstart(session):
     """make test (MMKIT_TEST_RECORD set) records which tree it runs, for make mutants (tests/mutants.py)."""
     record = os.environ.get("MMKIT_TEST_RECORD")
     if record and not os.environ.get("PYTEST_XDIST_WORKER"):
-        import mutants
+        from outcomes import tree_digest
 
         Path(record).mkdir(exist_ok=True)
         for name in ("outcomes.jsonl", "pipeline"):
             (Path(record) / name).unlink(missing_ok=True)
-        (Path(record) / "tree.sha256").write_text(mutants.tree_digest() + "\n")
+        (Path(record) / "tree.sha256").write_text(tree_digest() + "\n")
 
 
 # the SLURM cluster a test run started (tests/test_slurm.py) is stopped when the run ends, by the process that

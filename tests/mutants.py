@@ -22,7 +22,6 @@ lead to them and that code feeds rerun).
 
 import argparse
 import ast
-import hashlib
 import json
 import os
 import re
@@ -35,9 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
+from outcomes import OUTCOMES, RECORD, REPO, STOP, TEST_RECORD, tracked_files, tree_digest
 
-REPO = Path(__file__).resolve().parents[1]
 M = "workflow/scripts/mmkit/"
 C = "workflow/scripts/certkit/"
 T = "tests/"
@@ -147,6 +145,16 @@ BREAKAGES = [
     Breakage("check: digests not compared", M + "resume.py", "check",
              'if name not in skip and digest(saved[name]) != saved["digests"].get(name):', "if False:",
              (DIGEST + "[nudged-weight]", DIGEST + "[scaled-exp-avg]")),
+    Breakage("check: skipped steps beyond the step let through", M + "resume.py", "check_skipped_steps",
+             "if not 0 <= skipped <= saved[\"step\"]:", "if False:", (CONTENTS + "[skipped-past-step]",)),
+    Breakage("check: data position not compared with the step's", M + "resume.py", "check_data_position",
+             "if position != expected:", "if False:", (CONTENTS + "[data-position-ahead]",)),
+    Breakage("check: an RNG state of another shape let through", M + "resume.py", "check_rng_state",
+             "and t.shape == now[device].shape", "", (CONTENTS + "[rng-truncated]",)),
+    Breakage("check: a GradScaler state taken by a run without fp16", M + "resume.py", "check_scaler_state",
+             "        if saved is not None:\n", "        if False:\n", (CONTENTS + "[scaler-without-fp16]",)),
+    Breakage("check: loss log rows not consecutive", M + "resume.py", "check_loss_log",
+             "if row[0] != step - len(rows) + 1 + i:", "if False:", (CONTENTS + "[loss-log-reversed]",)),
     Breakage("check: step range off by one", M + "resume.py", "check_step", "if not 1 <= step < ctx.last_step:",
              "if not 1 <= step <= ctx.last_step:", (CONTENTS + "[step-12]",)),
     Breakage("tokens: id range off by one", M + "data.py", "load_tokens", "if lo < 0 or hi >= vocab_size:",
@@ -331,37 +339,6 @@ BREAKAGES = [
 ]
 
 
-OUTCOMES = "MMKIT_MUTANTS_OUTCOMES"  # where the plugin below writes one JSON line per test phase
-# make test records here what it ran (tree.sha256), how each test ended (outcomes.jsonl, by the plugin below)
-# and where its tiny pipeline is (pipeline): make mutants takes them as its baseline and its shared pipeline
-# when the tree is the same, instead of building and running them again
-TEST_RECORD = REPO / ".test-record"
-RECORD = "MMKIT_TEST_RECORD"  # set by make test: conftest writes tree.sha256 and pipeline there
-STOP = "MMKIT_MUTANTS_STOP"  # set: end the pytest run at the first assertion that catches the breakage
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    """The plugin side of this file (pytest -p mutants): how each test ended, and on what exception where."""
-    report = (yield).get_result()
-    path = os.environ.get(OUTCOMES)
-    if not path or (report.when != "call" and report.passed):
-        return
-    exc = call.excinfo.type if call.excinfo else None
-    assertion = (report.when == "call" and report.failed and exc is not None
-                 and issubclass(exc, (AssertionError, pytest.fail.Exception)))
-    crash = getattr(report.longrepr, "reprcrash", None)
-    message = crash.message if crash else str(report.longrepr or "")
-    record = {"test": report.nodeid, "when": report.when, "outcome": report.outcome,
-              "exception": exc.__name__ if exc else None, "assertion": assertion,
-              "at": f"{os.path.relpath(crash.path)}:{crash.lineno}" if crash else None,
-              "message": (message.strip().splitlines() or [""])[0][:150]}
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-    if assertion and os.environ.get(STOP):
-        item.session.shouldstop = "the breakage is caught"
-
-
 def function_span(text: str, function: str, file: str) -> tuple[int, int]:
     """Character offsets of FUNCTION's source in TEXT (its def line to its last line, whole lines)."""
     if function == "<module>":
@@ -386,20 +363,6 @@ def broken(b: Breakage, text: str) -> str:
     return text[:start] + text[start:end].replace(b.old, b.new) + text[end:]
 
 
-def tracked_files() -> list:
-    return subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
-                          text=True, check=True).stdout.split()
-
-
-def tree_digest() -> str:
-    """The sha256 of every tracked (or untracked, not ignored) file's name and bytes: which code a test run ran."""
-    h = hashlib.sha256()
-    for f in sorted(tracked_files()):
-        if (REPO / f).is_file():
-            h.update(f.encode() + b"\0" + (REPO / f).read_bytes() + b"\0")
-    return h.hexdigest()
-
-
 def tracked_copy(dest: Path) -> Path:
     for f in tracked_files():
         if (REPO / f).is_file():
@@ -420,7 +383,7 @@ def build_shared_pipeline(dest: Path) -> Path:
 
 
 def run_tests(work: Path, root: Path, tests, shared: Path, *options, rebuild=(), stop=False) -> tuple[list, str]:
-    """Run TESTS in WORK under the plugin above: (its records, the last line pytest printed)."""
+    """Run TESTS in WORK under the outcomes plugin: (its records, the last line pytest printed)."""
     outcomes = root / "outcomes.jsonl"
     outcomes.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(work / "tests"), OUTCOMES: str(outcomes),
@@ -431,7 +394,7 @@ def run_tests(work: Path, root: Path, tests, shared: Path, *options, rebuild=(),
         env["MMKIT_SHARED_PIPELINE_UPDATE"] = " ".join(rebuild)
     if stop:
         env[STOP] = "1"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "mutants",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "outcomes",
                            "--basetemp", str(root / "tmp"), *options, *tests], cwd=work, env=env,
                           capture_output=True, text=True)
     records = [json.loads(line) for line in outcomes.read_text().splitlines()] if outcomes.exists() else []

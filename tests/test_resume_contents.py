@@ -74,10 +74,17 @@ def edited(tiny_run, tmp_path, edit, name="edited.pth", reseal=True):
     (lambda s: s["optimizer"]["param_groups"][0].__setitem__("betas", (0.8, 0.99)), ["'optimizer'", "betas"]),
     (lambda s: s["optimizer"]["state"][3].__setitem__("exp_avg", s["optimizer"]["state"][3]["exp_avg"][:-1]),
      ["'optimizer'", "exp_avg of parameter 3"]),
+    (lambda s: s.__setitem__("skipped_steps", s["step"] + 1), ["'skipped_steps'", "0..step"]),
+    (lambda s: s["data_position"].__setitem__("batch", s["data_position"]["batch"] + 1),
+     ["'data_position'", "this run reads from"]),
+    (lambda s: s["rng_state"].__setitem__("cpu", s["rng_state"]["cpu"][:100]), ["'rng_state'", "not a cpu RNG state"]),
+    (lambda s: s.__setitem__("scaler", {"scale": 1024.0}), ["'scaler'", "no fp16 loss scaling"]),
+    (lambda s: s.__setitem__("loss_log", s["loss_log"][::-1]), ["'loss_log'", "consecutive steps"]),
 ], ids=["empty-optimizer", "gen-truncated", "gen-other-seed", "step-bool", "step-4", "adamw-offset-3",
         "adamw-offset-6", "adamw-offset--8", "step-12", "step-0",
         "nan-weight", "untied", "float64-weight", "negative-exp-avg-sq", "inf-exp-avg", "other-betas",
-        "short-exp-avg"])
+        "short-exp-avg", "skipped-past-step", "data-position-ahead", "rng-truncated", "scaler-without-fp16",
+        "loss-log-reversed"])
 def test_resume_file_with_bad_contents_is_refused_naming_the_entry(tiny_run, tmp_path, edit, words):
     out = tmp_path / "o.pth"
     error = refusal(resume(tiny_run, edited(tiny_run, tmp_path, edit), out), out)
