@@ -1,0 +1,87 @@
+"""The rules between the parts that docs/architecture.md states, checked on every module's syntax tree.
+
+Each test names the breakage it catches. The imports are read with ast (absolute, relative, and those inside
+functions), so an import moved into a function to dodge a rule is still found.
+"""
+
+import ast
+from pathlib import Path
+
+from conftest import REPO, SCRIPTS
+
+PACKAGES = ("mmkit", "certkit")
+CHECKPOINT_CODE = ("atomic", "checkpoint", "sharded", "store", "resume", "fingerprint", "autoresume")
+STILL_IMPORTS_DATA = {"resume"}  # the one exception docs/architecture.md names (issue 37 removes it)
+
+
+def modules(package: str) -> dict:
+    """{module name: its file} of PACKAGE, __init__ included as the package's own name."""
+    return {(f.stem if f.stem != "__init__" else package): f for f in sorted((SCRIPTS / package).glob("*.py"))}
+
+
+def imported(path: Path, package: str) -> set:
+    """What the module at PATH imports: 'mmkit.train', 'certkit', 'torch', a script's name; relative imports
+    resolved against PACKAGE (from . import x, from .x import y)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: within the package
+                if node.module:
+                    found.add(f"{package}.{node.module}")
+                else:
+                    found |= {f"{package}.{alias.name}" for alias in node.names}
+            else:
+                found.add(node.module)
+                found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_the_parser_of_imports_sees_every_form_of_import(tmp_path):
+    """Catches: a rule check blind to a relative import, a 'from . import x', an import inside a function,
+    or an absolute 'from mmkit import x' (each would let a forbidden import through)."""
+    module = tmp_path / "m.py"
+    module.write_text("import os\nfrom .data import StepPlan\nfrom . import train\n"
+                      "def f():\n    from mmkit import checkpoint\n    import certkit.verdict\n")
+    assert imported(module, "mmkit") >= {"os", "mmkit.data", "mmkit.train", "mmkit.checkpoint", "certkit.verdict"}
+
+
+def test_certify_and_the_lab_import_nothing_of_each_other():
+    """Catches: certkit reaching into mmkit (certify would then need this project's training code), or the
+    lab's package importing certify's internals."""
+    for package, other in (("mmkit", "certkit"), ("certkit", "mmkit")):
+        for name, path in modules(package).items():
+            crossing = {m for m in imported(path, package) if m == other or m.startswith(other + ".")}
+            assert not crossing, f"{package}/{path.name} imports {sorted(crossing)}"
+
+
+def test_checkpoint_code_never_imports_the_training_loop_nor_the_data_module():
+    """Catches: a checkpoint module that imports train (the loop would then be inside its own I/O), or a
+    new import of data beyond the one exception the doc names."""
+    mmkit = modules("mmkit")
+    for name in CHECKPOINT_CODE:
+        found = imported(mmkit[name], "mmkit")
+        assert "mmkit.train" not in found, f"{name} imports the training loop"
+        if name not in STILL_IMPORTS_DATA:
+            assert "mmkit.data" not in found, f"{name} imports mmkit.data"
+
+
+def test_the_packages_never_import_a_script_and_errors_is_a_leaf():
+    """Catches: a package module importing a workflow script (a cycle through the scripts' path), or
+    errors.py importing the package (every module imports it)."""
+    scripts = {f.stem for f in SCRIPTS.glob("*.py")}
+    for package in PACKAGES:
+        for name, path in modules(package).items():
+            found = imported(path, package)
+            assert not scripts & {m.split(".")[0] for m in found}, f"{package}/{path.name} imports a script"
+    assert not {m for m in imported(modules("mmkit")["errors"], "mmkit") if m.startswith("mmkit")}
+
+
+def test_every_module_of_both_packages_is_on_the_map():
+    """Catches: a module added to mmkit or certkit that docs/architecture.md's layout does not name."""
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    for package in PACKAGES:
+        for name, path in modules(package).items():
+            if path.stem != "__init__":
+                assert path.name in doc, f"docs/architecture.md does not name {package}/{path.name}"
