@@ -279,6 +279,8 @@ def summary_table(rows: list, controls: list, fp16: dict) -> str:
         where = f"step {r['first_step']}{rank}: {r['first_state']}" if r["first_step"] != "" else "weights"
         if r["cause"].startswith("not repaired"):
             return f"**{where}**, not repaired"
+        if r["cause"].startswith("resumed on"):  # another world size: no repair puts back what it changes
+            return f"**{where}**, on fewer ranks"
         return {"repaired": f"**{where}**, repaired", "unknown": f"**{where}**, cause unknown",
                 "failed": "resume failed", "unsupported": "not supported"}[v]
 
