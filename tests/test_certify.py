@@ -203,6 +203,7 @@ def test_a_resume_on_fewer_ranks_is_judged_on_the_ranks_both_have_in_what_the_up
         assert (first["step"], first["rank"], first["piece"]) == (7, 0, piece)
     # the same runs without --resume-command: rank 1 is missing from step 5 on, and rank 0's samples differ
     plain = verdict.judge(straight, stopped, on_one, killed, 4)
+    assert not plain["exact"] and plain["first"] is not None
     assert (plain["first"]["step"], plain["first"]["rank"], plain["first"]["piece"]) == (5, 1, "missing")
     assert plain["first"]["pieces"][0][0] == "samples" and plain["ranks"] is None
     # another command on as many ranks is compared in every piece
