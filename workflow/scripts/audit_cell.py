@@ -26,10 +26,13 @@ def own_files(args, cell: Path) -> dict:
     base, settings = (yaml.safe_load(Path(f).read_text()) for f in (args.own_preset, args.settings))
     scenario = audit.SCENARIOS[args.scenario]
     files = {"config": cell / "own.yaml", "resume_config": cell / "own-resumed.yaml"}
-    for name, ranks in (("config", None), ("resume_config", scenario.resume_ranks)):
-        if name == "config" or ranks:
-            config = audit.own_config(base, scenario, settings, ranks)
-            write_text_atomic(files[name], yaml.safe_dump(config, sort_keys=False))
+
+    def write_config(path: Path, ranks=None):
+        write_text_atomic(path, yaml.safe_dump(audit.own_config(base, scenario, settings, ranks), sort_keys=False))
+
+    write_config(files["config"])
+    if scenario.resume_ranks:
+        write_config(files["resume_config"], scenario.resume_ranks)
     if audit.own_format(scenario) == "windows":
         return {**files, "data": ["--tokens", args.tokens]}
     documents = Path(args.jsonl).read_text().splitlines()[:4 * audit.BATCHES_PER_EPOCH]
