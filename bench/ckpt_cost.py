@@ -179,11 +179,10 @@ def bench_recovery(dims: str, work: Path) -> dict:
 def resume_in_process(config: Path, tokens: Path, checkpoints: Path, newest: Path) -> tuple:
     """(build, read, auto-resume) seconds, as run.py does them: the model, AdamW and data built, the newest
     checkpoint read, then auto-resume (read again, every entry checked, put back)."""
-    from mmkit.autoresume import CheckpointDir
+    from mmkit.checkpoint_dir import CheckpointDir
     from mmkit.config import load_config, run_config
-    from mmkit.data import StepPlan, TrainingData
+    from mmkit.data import Expected, StepPlan, TrainingData
     from mmkit.parallel import start
-    from mmkit.resume import Expected
     from mmkit.train import build, make_deterministic
 
     cfg = run_config(load_config(config))
@@ -195,10 +194,11 @@ def resume_in_process(config: Path, tokens: Path, checkpoints: Path, newest: Pat
     t0 = time.perf_counter()
     store.read(newest)
     read = time.perf_counter() - t0
-    expected = Expected(StepPlan(cfg.accumulation_steps, data.batches_per_epoch), cfg.seed, live.batches)
+    expected = Expected(StepPlan(cfg.accumulation_steps, data.batches_per_epoch), cfg.seed, live.batches,
+                        cfg.steps)
     expected.rewound_from(live.step, live.batches.position)
     t0 = time.perf_counter()
-    store.auto_resume(CheckpointDir(checkpoints, cfg.checkpoint), live, expected, cfg.steps)
+    store.auto_resume(CheckpointDir(checkpoints, cfg.checkpoint), live, expected)
     return built, read, time.perf_counter() - t0
 
 

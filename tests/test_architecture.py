@@ -10,8 +10,8 @@ from pathlib import Path
 from conftest import REPO, SCRIPTS
 
 PACKAGES = ("mmkit", "certkit")
-CHECKPOINT_CODE = ("atomic", "checkpoint", "sharded", "store", "resume", "fingerprint", "autoresume")
-STILL_IMPORTS_DATA = {"resume"}  # the one exception docs/architecture.md names (issue 37 removes it)
+CHECKPOINT_CODE = ("atomic", "checkpoint", "sharded", "store", "resume", "fingerprint", "ablations",
+                   "checkpoint_dir", "checkpointer", "preemption")
 
 
 def modules(package: str) -> dict:
@@ -57,14 +57,13 @@ def test_certify_and_the_lab_import_nothing_of_each_other():
 
 
 def test_checkpoint_code_never_imports_the_training_loop_nor_the_data_module():
-    """Catches: a checkpoint module that imports train (the loop would then be inside its own I/O), or a
-    new import of data beyond the one exception the doc names."""
+    """Catches: a checkpoint module that imports train (the loop would then be inside its own I/O), or data
+    (the checkpoint would then rebuild a data position the data module owns)."""
     mmkit = modules("mmkit")
     for name in CHECKPOINT_CODE:
         found = imported(mmkit[name], "mmkit")
         assert "mmkit.train" not in found, f"{name} imports the training loop"
-        if name not in STILL_IMPORTS_DATA:
-            assert "mmkit.data" not in found, f"{name} imports mmkit.data"
+        assert "mmkit.data" not in found, f"{name} imports mmkit.data"
 
 
 def test_the_packages_never_import_a_script_and_errors_is_a_leaf():

@@ -387,7 +387,7 @@ def test_any_malformed_command_line_of_run_py_is_one_line_and_exit_2_and_nothing
     from hypothesis import HealthCheck, given, settings, strategies as st
 
     from mmkit.errors import run_cli
-    from mmkit.resume import ABLATIONS
+    from mmkit.ablations import ABLATIONS
 
     spec = importlib.util.spec_from_file_location("run_under_test", SCRIPTS / "run.py")
     run = importlib.util.module_from_spec(spec)

@@ -80,11 +80,14 @@ def edited(tiny_run, tmp_path, edit, name="edited.pth", reseal=True):
     (lambda s: s["rng_state"].__setitem__("cpu", s["rng_state"]["cpu"][:100]), ["'rng_state'", "not a cpu RNG state"]),
     (lambda s: s.__setitem__("scaler", {"scale": 1024.0}), ["'scaler'", "no fp16 loss scaling"]),
     (lambda s: s.__setitem__("loss_log", s["loss_log"][::-1]), ["'loss_log'", "consecutive steps"]),
+    # an older format that lacked an entry: refused by its version, not by the entry it lacks
+    (lambda s: (s["fingerprint"].__setitem__("format", s["fingerprint"]["format"] - 1), s.pop("scaler")),
+     ["has format", "this code reads"]),
 ], ids=["empty-optimizer", "gen-truncated", "gen-other-seed", "step-bool", "step-4", "adamw-offset-3",
         "adamw-offset-6", "adamw-offset--8", "step-12", "step-0",
         "nan-weight", "untied", "float64-weight", "negative-exp-avg-sq", "inf-exp-avg", "other-betas",
         "short-exp-avg", "skipped-past-step", "data-position-ahead", "rng-truncated", "scaler-without-fp16",
-        "loss-log-reversed"])
+        "loss-log-reversed", "older-format-lacking-an-entry"])
 def test_resume_file_with_bad_contents_is_refused_naming_the_entry(tiny_run, tmp_path, edit, words):
     out = tmp_path / "o.pth"
     error = refusal(resume(tiny_run, edited(tiny_run, tmp_path, edit), out), out)

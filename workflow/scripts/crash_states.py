@@ -45,14 +45,13 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from mmkit import sharded, store
 from mmkit.atomic import write_text_atomic
-from mmkit.autoresume import CheckpointConfig, CheckpointDir
+from mmkit.checkpoint_dir import CheckpointConfig, CheckpointDir
 from mmkit.config import RunConfig
 from mmkit.crashstates import MAX_CUTS, Recorder, coalesced, crash_states, merged, snapshot, write_tree
-from mmkit.data import StepPlan, TrainingData
+from mmkit.data import Expected, StepPlan, TrainingData
 from mmkit.errors import UserError, run_cli
 from mmkit.model import ModelConfig
 from mmkit.parallel import ParallelConfig, start
-from mmkit.resume import Expected
 from mmkit.train import build, make_deterministic, train
 
 STEPS = 8
@@ -82,7 +81,7 @@ class Job:
         self.plan = StepPlan(cfg.accumulation_steps, self.data.batches_per_epoch)
         self.steps = train(cfg, device, self.live, self.plan, STEPS)
         self.checker = build(cfg, device, self.ranks, self.data)
-        self.expected = Expected(self.plan, cfg.seed, self.checker.batches)
+        self.expected = Expected(self.plan, cfg.seed, self.checker.batches, STEPS)
 
     def train_to(self, step: int) -> None:
         while self.live.step < step:
@@ -95,11 +94,11 @@ class Job:
         with contextlib.redirect_stderr(out):
             if resume_file is not None:
                 try:
-                    store.resume(resume_file, self.checker, self.expected, STEPS, seed=CFG.seed)
+                    store.resume(resume_file, self.checker, self.expected)
                 except UserError:
                     return 0, ""
                 return self.checker.step, resume_file.name
-            found = store.auto_resume(CheckpointDir(root, CFG.checkpoint), self.checker, self.expected, STEPS)
+            found = store.auto_resume(CheckpointDir(root, CFG.checkpoint), self.checker, self.expected)
         name = re.search(r"continuing from checkpoint \S*/(step_\d+\.\w+)", out.getvalue())
         return (self.checker.step, name.group(1)) if found else (0, "")
 

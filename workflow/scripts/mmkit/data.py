@@ -300,6 +300,33 @@ class EpochBatches:
                 yield x, y
 
 
+# --- what a resume must hold of the data ----------------------------------------------------------
+
+
+class Expected:
+    """What a resume of this run must hold: a step before LAST_STEP (the last this run trains), and after it
+    the data position and the window generator's state, both after the batches read by then, less `lag`
+    (the batches an ablation rewound). The resume's checks (mmkit.resume) ask it; it reads no tokens."""
+
+    def __init__(self, plan: StepPlan, seed: int, batches, last_step: int):
+        self.plan, self.seed, self.batches, self.last_step, self.lag = plan, seed, batches, last_step, 0
+
+    def position(self, step):
+        return self.plan.position(self.plan.consumed(step) - self.lag)
+
+    def gen_state(self, step):
+        b = self.batches
+        if not isinstance(b, WindowBatches):  # the minimind format never draws from it
+            return torch.Generator().manual_seed(self.seed).get_state()
+        consumed = self.plan.consumed(step) - self.lag
+        return generator_at(self.seed, consumed, len(b.tokens), b.batch_size, b.seq_len).get_state()
+
+    def rewound_from(self, step: int, position: dict) -> None:
+        """The ablations that shift the data position keep shifting it after a restart."""
+        self.lag = self.plan.consumed(step) - (position["epoch"] * (self.plan.batches_per_epoch or 0)
+                                               + position["batch"])
+
+
 # --- what a training job reads ---------------------------------------------------------------------
 
 

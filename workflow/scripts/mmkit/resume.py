@@ -3,7 +3,7 @@
 Each row of ENTRIES says, for one entry of a resume file: its type, whether a digest seals it, how it is
 taken from the live TrainingState, how it is put back, and how it is checked before a single step runs.
 Saving, loading, the seal, the DCP directory's metadata and the checks all iterate over this table, and each
-ablation (ABLATIONS) names the entries it throws away. Adding a piece of state is one row and its check.
+ablation (mmkit.ablations) names the entries it throws away. Adding a piece of state is one row and its check.
 """
 
 import math
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import fingerprint
 from .checkpoint import check_fits, count_nonfinite, digest
-from .data import StepPlan, WindowBatches, generator_at
 from .errors import UserError
 from .parallel import Ranks, model_state, optimizer_state, unwrap
 
@@ -67,8 +67,7 @@ class Checking:
     """What a resume is checked against: this run's live state, the data position it expects after a step."""
 
     live: TrainingState
-    expected: "Expected"
-    last_step: int
+    expected: object  # mmkit.data.Expected: the data position after each step, the last step of this run
     source: str
     entry: str = ""  # the entry being checked, named by a refusal
 
@@ -77,8 +76,8 @@ class Checking:
 
 
 def check_step(step, saved, ctx):
-    if not 1 <= step < ctx.last_step:
-        ctx.refuse(f"is {step}; this run can continue only from a step in 1..{ctx.last_step - 1}")
+    if not 1 <= step < ctx.expected.last_step:
+        ctx.refuse(f"is {step}; this run can continue only from a step in 1..{ctx.expected.last_step - 1}")
 
 
 def check_skipped_steps(skipped, saved, ctx):
@@ -94,8 +93,9 @@ def check_weights(weights, saved, ctx):
     for name, t in weights.items():
         if str(t.dtype).removeprefix("torch.") != dtype:
             ctx.refuse(f"tensor {name} is {t.dtype}, the fingerprint says {dtype}")
-        if not torch.isfinite(t).all():
-            ctx.refuse(f"tensor {name} holds {count_nonfinite(t)} non-finite values")
+    refusal = weights_refusal(weights)
+    if refusal:
+        ctx.refuse(refusal)
     for name, tied_to in tied_names(model).items():
         if not torch.equal(weights[name], weights[tied_to]):
             ctx.refuse(f"tensor {name} differs from {tied_to}, which the model ties it to")
@@ -133,14 +133,14 @@ def check_optimizer_state(value, saved, ctx):
     if not isinstance(groups, list) or not isinstance(state, dict):
         refuse("lacks 'param_groups' or 'state'")
     if len(groups) != len(built["param_groups"]):
-        refuse(f"has {len(groups)} parameter groups, this run's optimizer {len(built['param_groups'])}")
+        refuse(groups_refusal(groups, built["param_groups"]))
     params = [p for group in optimizer.param_groups for p in group["params"]]
     for saved_group, group in zip(groups, built["param_groups"]):
         if not isinstance(saved_group, dict) or saved_group.get("params") != group["params"]:
             refuse("has parameter groups that list other parameters than this run's")
-        differing = other_hyperparameters(saved_group, group)
-        if differing:
-            refuse(f"has other hyperparameters: {differing}")
+    refusal = groups_refusal(groups, built["param_groups"])
+    if refusal:
+        refuse(refusal)
     if set(state) != set(range(len(params))) or not all(type(k) is int for k in state):
         refuse(f"holds state for {len(state)} parameters, this run has {len(params)}")
     for i, p in enumerate(params):
@@ -151,13 +151,50 @@ def check_optimizer_state(value, saved, ctx):
             t = entry[k]
             if not isinstance(t, torch.Tensor) or t.shape != p.shape or t.dtype != p.dtype:
                 refuse(f"{k} of parameter {i} is not a {p.dtype} tensor of shape {list(p.shape)}")
-            if not torch.isfinite(t).all():
-                refuse(f"{k} of parameter {i} holds {count_nonfinite(t)} non-finite values")
-        if (entry["exp_avg_sq"] < 0).any():
-            refuse(f"exp_avg_sq of parameter {i} is negative somewhere (it is a mean of squares)")
-        counter = entry["step"]
-        if not isinstance(counter, torch.Tensor) or counter.numel() != 1 or counter.item() != updates:
-            refuse(f"step of parameter {i} is {counter!r}, the file's step says {updates} updates")
+        refusal = adamw_state_refusal(f"parameter {i}", entry, updates)
+        if refusal:
+            refuse(refusal)
+
+
+# --- the checks of tensors' values, shared by a file's whole tensors and a DCP directory's shards ---------
+
+
+def local(t):
+    """A DTensor's shard on this rank (FSDP2), or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def weights_refusal(weights: dict) -> str | None:
+    for name, t in weights.items():
+        if isinstance(t, torch.Tensor) and not torch.isfinite(local(t)).all():
+            return f"tensor {name} holds {count_nonfinite(local(t))} non-finite values"
+    return None
+
+
+def groups_refusal(groups: list, built_groups: list) -> str | None:
+    """AdamW's parameter groups: as many as this run's, with its hyperparameters."""
+    if len(groups) != len(built_groups):
+        return f"has {len(groups)} parameter groups, this run's optimizer {len(built_groups)}"
+    for saved_group, group in zip(groups, built_groups):
+        differing = other_hyperparameters(saved_group, group)
+        if differing:
+            return f"has other hyperparameters: {differing}"
+    return None
+
+
+def adamw_state_refusal(name: str, entry: dict, updates: int) -> str | None:
+    """One parameter's AdamW state (NAME: 'parameter 3', or its fqn in a DCP directory): finite moments, a
+    mean of squares never negative, and the counter at the UPDATES the resume's step implies."""
+    for k in ("exp_avg", "exp_avg_sq"):
+        t = local(entry[k])
+        if not torch.isfinite(t).all():
+            return f"{k} of {name} holds {count_nonfinite(t)} non-finite values"
+    if (local(entry["exp_avg_sq"]) < 0).any():
+        return f"exp_avg_sq of {name} is negative somewhere (it is a mean of squares)"
+    counter = entry["step"]
+    if not isinstance(counter, torch.Tensor) or counter.numel() != 1 or counter.item() != updates:
+        return f"step of {name} is {counter!r}, the file's step says {updates} updates"
+    return None
 
 
 def check_gen_state(g, saved, ctx):
@@ -292,9 +329,12 @@ def seal(state: dict) -> dict:
 
 
 def check_types(state, names, source: str) -> dict:
-    """STATE is a dict holding every one of NAMES, each of its entry's type."""
+    """STATE is a dict of this code's format (its fingerprint's version, checked first: an older file is
+    refused by its version, not by the entry it lacks), holding every one of NAMES, each of its entry's type."""
     if not isinstance(state, dict):
         raise UserError(f"{source} holds a {type(state).__name__}, not a resume dict")
+    if isinstance(state.get("fingerprint"), dict):  # a file without one lacks it, named below
+        fingerprint.check_format(state["fingerprint"], source)
     missing = [k for k in names if k not in state]
     if missing:
         raise UserError(f"{source} lacks {', '.join(repr(k) for k in missing)}")
@@ -325,55 +365,6 @@ def put(saved: dict, live: TrainingState, skip=(), same_run: bool = False) -> No
     for e in ENTRIES:
         if e.put and e.name not in skip and (same_run or not e.of_run):
             e.put(live, saved[e.name])
-
-
-# --- the ablations: a resume that forgets (or re-derives) an entry --------------------------------------
-
-
-@dataclass(frozen=True)
-class Ablation:
-    flag: str
-    drops: tuple = ()  # entries thrown away: named, not checked, not put back
-    rewind: str | None = None  # where the data then restarts: "start", "epoch" (its first batch), "rescaled"
-    help: str = ""
-
-
-DATA_POSITION = ("gen_state", "data_position")  # the windows' generator and the position as a value
-
-ABLATIONS = {
-    "no_optim": Ablation("--no-optim", ("optimizer",), help="start AdamW afresh on resume"),
-    "no_skip": Ablation("--no-skip", DATA_POSITION, "start", help="re-seed the batch generator on resume"),
-    "restart_schedule": Ablation("--restart-schedule", help="count the LR schedule from 0 on resume"),
-    "replay": Ablation("--replay", DATA_POSITION, "epoch", help="(minimind format) replay the epoch from its first batch"),
-    "no_rng": Ablation("--no-rng", ("rng_state",), help="leave the global RNG (dropout) as a fresh run has it"),
-    "no_scaler": Ablation("--no-scaler", ("scaler",), help="(fp16) start the GradScaler afresh"),
-    "minimind_rescale": Ablation("--minimind-rescale", DATA_POSITION, "rescaled",
-                                 help="with --reshard: MiniMind's step * saved_ws // current_ws, data order "
-                                      "re-derived"),
-}
-
-
-class Expected:
-    """What a resume of this run must hold after a step: the data position and the window generator's state,
-    both after the batches read by then, less `lag` (the batches an ablation rewound)."""
-
-    def __init__(self, plan: StepPlan, seed: int, batches):
-        self.plan, self.seed, self.batches, self.lag = plan, seed, batches, 0
-
-    def position(self, step):
-        return self.plan.position(self.plan.consumed(step) - self.lag)
-
-    def gen_state(self, step):
-        b = self.batches
-        if not isinstance(b, WindowBatches):  # the minimind format never draws from it
-            return torch.Generator().manual_seed(self.seed).get_state()
-        consumed = self.plan.consumed(step) - self.lag
-        return generator_at(self.seed, consumed, len(b.tokens), b.batch_size, b.seq_len).get_state()
-
-    def rewound_from(self, step: int, position: dict) -> None:
-        """The ablations that shift the data position keep shifting it after a restart."""
-        self.lag = self.plan.consumed(step) - (position["epoch"] * (self.plan.batches_per_epoch or 0)
-                                               + position["batch"])
 
 
 def tied_names(model) -> dict:

@@ -30,7 +30,8 @@ from .atomic import fsync_path, sha256_file
 from .checkpoint import digest, load_file
 from .errors import UserError
 from .failpoint import failpoint
-from .resume import ENTRIES, NAMES, check_types, other_hyperparameters, seal, sealed
+from .resume import (ENTRIES, NAMES, adamw_state_refusal, check_types, groups_refusal, seal, sealed,
+                     weights_refusal)
 
 META = "resume.pth"
 SHARDED = tuple(e.name for e in ENTRIES if e.sharded)  # the entries that live in the DCP files
@@ -164,12 +165,7 @@ def read_resume_dir(path) -> dict:
     # unpickled here, through the allow-list, so that a refusal is one line before DCP's collectives start
     # (inside dcp.load it would come back wrapped in every rank's traceback)
     with open(path / ".metadata", "rb") as f:
-        try:
-            metadata = _MetadataUnpickler(f).load()
-        except UserError as e:
-            raise UserError(f"resume directory {path}: {e}") from None
-        except Exception as e:
-            raise UserError(f"resume directory {path}: its .metadata is not DCP metadata ({e})") from None
+        metadata = read_metadata(f, f"resume directory {path}")
     check_dtypes(metadata, meta["fingerprint"].get("weights_dtype"), f"resume directory {path}")
     return meta
 
@@ -230,34 +226,18 @@ def _copies(tree):
     return tree
 
 
-def _local(t):
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def loaded_refusal(state: dict, built_groups: list, updates: int) -> str | None:
-    """Why this rank's shards cannot be continued from (None: they can), in the file path's words
-    (mmkit.resume: check_weights, check_optimizer_state)."""
-    for name, t in state["model"].items():
-        if isinstance(t, torch.Tensor) and not torch.isfinite(_local(t)).all():
-            return f"entry 'model' tensor {name} holds non-finite values"
-    if "optimizer" not in state:
-        return None
+    """Why this rank's shards cannot be continued from (None: they can): the file path's checks of values
+    (mmkit.resume), on this rank's shards."""
+    refusal = weights_refusal(state["model"])
+    if refusal or "optimizer" not in state:
+        return refusal and f"entry 'model' {refusal}"
     groups, adamw = state["optimizer"].get("param_groups"), state["optimizer"].get("state")
-    if not isinstance(groups, list) or len(groups) != len(built_groups) or not isinstance(adamw, dict):
+    if not isinstance(groups, list) or not isinstance(adamw, dict):
         return f"entry 'optimizer' has not the {len(built_groups)} parameter groups of this run's AdamW"
-    for saved_group, group in zip(groups, built_groups):
-        differing = other_hyperparameters(saved_group, group)
-        if differing:
-            return f"entry 'optimizer' has other hyperparameters: {differing}"
-    for fqn, entry in adamw.items():
-        for k in ("exp_avg", "exp_avg_sq"):
-            if not torch.isfinite(_local(entry[k])).all():
-                return f"entry 'optimizer' {k} of {fqn} holds non-finite values"
-        if (_local(entry["exp_avg_sq"]) < 0).any():
-            return f"entry 'optimizer' exp_avg_sq of {fqn} is negative somewhere (it is a mean of squares)"
-        if int(entry["step"]) != updates:
-            return f"entry 'optimizer' step of {fqn} is {int(entry['step'])}, the file's step says {updates} updates"
-    return None
+    refusal = groups_refusal(groups, built_groups) or next(
+        (r for fqn, entry in adamw.items() if (r := adamw_state_refusal(fqn, entry, updates))), None)
+    return refusal and f"entry 'optimizer' {refusal}"
 
 
 # .metadata's pickle may name only these: DCP's own metadata classes and the plain torch values inside them
@@ -282,13 +262,20 @@ class _MetadataUnpickler(pickle.Unpickler):
                         "unpickle it (that could run code)")
 
 
+def read_metadata(stream, source: str):
+    """DCP's .metadata from STREAM, unpickled through the allow-list: a refusal is one line naming SOURCE."""
+    try:
+        return _MetadataUnpickler(stream).load()
+    except UserError as e:
+        raise UserError(f"{source}: {e}") from None
+    except Exception as e:
+        raise UserError(f"{source}: its .metadata is not DCP metadata ({e})") from None
+
+
 class _SafeReader(FileSystemReader):
     def read_metadata(self, *args, **kwargs):
         with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
-            try:
-                metadata = _MetadataUnpickler(f).load()
-            except UserError as e:
-                raise UserError(f"resume directory {self.path}: {e}") from None
+            metadata = read_metadata(f, f"resume directory {self.path}")
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id

@@ -5,7 +5,7 @@ directory of DCP shards (mmkit.sharded). The loop asks "save" and "load"; this m
                                  in_background: by a thread, from a snapshot, while training goes on)
   read(path)                  -> the resume's entries, each of its type, of this code's format
   resume(path, live, ...)     -> a new run continues from a resume: fingerprint, every entry checked, put back
-  auto_resume(folder, live)   -> a restarted run continues from the newest checkpoint of its own
+  auto_resume(folder, live, ...) -> a restarted run continues from the newest checkpoint of its own
 """
 
 import sys
@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import torch
 
 from . import fingerprint, resume as entries
+from .ablations import ResumeOptions
 from .atomic import sha256_file
 from .checkpoint import host_snapshot, load_file, save_atomic
 from .errors import UserError
@@ -119,13 +120,12 @@ def tensors(tree):
 
 
 def read(path) -> dict:
-    """A resume's entries, each of the right type, of this code's format (shards of a directory: verified,
+    """A resume's entries, of this code's format, each of the right type (shards of a directory: verified,
     not loaded)."""
     if is_dir(path):
         state = _sharded().read_resume_dir(path)
     else:
         state = entries.check_types(load_file(path, "resume file"), entries.NAMES, f"resume file {path}")
-    fingerprint.check_format(state["fingerprint"], describe(path))
     return state
 
 
@@ -153,10 +153,10 @@ def put(path, saved: dict, live: entries.TrainingState, skip=(), same_run: bool 
 # --- continuing ------------------------------------------------------------------------------------
 
 
-def resume(path, live: entries.TrainingState, expected: entries.Expected, last_step: int, ablations=(), *,
-           seed: int, allow_mismatch=False, reshard=False) -> None:
-    """A new run continues from the resume at PATH: its fingerprint compared, every entry checked, then put
-    into LIVE, except what the ABLATIONS (mmkit.resume.Ablation) throw away or re-derive."""
+def resume(path, live: entries.TrainingState, expected, options: ResumeOptions = ResumeOptions()) -> None:
+    """A new run continues from the resume at PATH: its fingerprint compared, every entry checked against
+    EXPECTED (mmkit.data.Expected), then put into LIVE, except what the OPTIONS' ablations throw away;
+    each ablation then applies what it does instead (mmkit.ablations)."""
     swap = [Path(f"{path}{end}") for end in (".tmp", ".old")]
     if live.ranks.main and not Path(path).exists() and any(p.is_dir() for p in swap):
         recovered(path)  # a --save-resume onto this name, killed in its directory swap
@@ -166,33 +166,18 @@ def resume(path, live: entries.TrainingState, expected: entries.Expected, last_s
         raise UserError(f"resume file {path} holds whole tensors; an fsdp2 run continues from a resume "
                         "directory (.dcp), or continue this file under ddp or on one rank")
     saved = read(path)
-    fingerprint.check(saved["fingerprint"], live.fingerprint, source, allow_mismatch, reshard)
-    drops = tuple(dict.fromkeys(name for a in ablations for name in a.drops))
+    fingerprint.check(saved["fingerprint"], live.fingerprint, source, options.allow_mismatch, options.reshard)
+    drops = options.drops()
     for name in drops:
         print(f"resume: ignoring entry '{name}' of {path}", file=sys.stderr)
-    ctx = entries.Checking(live, expected, last_step, f"resume file {path}")
-    entries.check(saved, ctx, skip=drops + checked_by_storage(path))
+    entries.check(saved, entries.Checking(live, expected, f"resume file {path}"),
+                  skip=drops + checked_by_storage(path))
     put(path, saved, live, skip=drops)
-    # the ablations that throw the data position away say where the data restarts
-    rewind = next((a.rewind for a in ablations if a.rewind), None)
-    if rewind == "start":
-        live.batch_generator.manual_seed(seed)  # back to step 1's batches: what a rewound sampler does
-        live.batches.position = expected.plan.position(0)
-    elif rewind == "epoch":
-        live.batches.position = {"epoch": saved["data_position"]["epoch"], "batch": 0}  # the epoch from its start
-    elif rewind == "rescaled":
-        saved_ws, ws = saved["fingerprint"].get("world_size", 1), live.ranks.world_size
-        live.step = saved["step"] * saved_ws // ws
-        print(f"resume: MiniMind's rescale: step {saved['step']} * {saved_ws} // {ws} = {live.step}; "
-              f"data order re-derived from there", file=sys.stderr)
-        live.batch_generator.set_state(expected.gen_state(live.step))
-        live.batches.position = expected.position(live.step)
-    # else every rank took the file's one position (rank0_gen: rank 0's, so the others' is lost)
+    for ablation in options.ablations:
+        ablation.apply(live, saved, expected)
     # AdamW's counter as it now stands: behind the step after --no-optim, ahead of it after a rescale
     live.adamw_offset = live.step - live.skipped_steps - entries.adamw_updates(live.optimizer)
-    live.origin = {"resume_sha256": identity(path),
-                   "ablations": [a.flag for a in ablations] + ["--reshard"] * reshard
-                   + ["--allow-mismatch"] * allow_mismatch}
+    live.origin = {"resume_sha256": identity(path), "ablations": options.flags()}
 
 
 def recovered(path) -> None:
@@ -210,7 +195,7 @@ def tidy(checkpoints) -> None:
     checkpoints.clear_unfinished()
 
 
-def auto_resume(checkpoints, live: entries.TrainingState, expected: entries.Expected, last_step: int) -> bool:
+def auto_resume(checkpoints, live: entries.TrainingState, expected) -> bool:
     """Continue from the newest checkpoint of this very run (its fingerprint and origin); True if one was found.
 
     A torn, damaged or foreign checkpoint is skipped with a warning naming it, and the next older one tried.
@@ -227,7 +212,7 @@ def auto_resume(checkpoints, live: entries.TrainingState, expected: entries.Expe
             if saved["origin"] != live.origin:
                 raise UserError(f"checkpoint {path} is of another run: origin {saved['origin']}, "
                                 f"this run's {live.origin}")
-            ctx = entries.Checking(live, expected, last_step, f"resume file {path}")
+            ctx = entries.Checking(live, expected, f"resume file {path}")
             entries.check(saved, ctx, skip=checked_by_storage(path))
             failpoint(f"verdict-{Path(path).name}")  # the tests make one rank refuse it here
         except UserError as e:

@@ -1,6 +1,7 @@
 """The one training loop every training artifact runs, and the one place model and optimizer are built."""
 
 import contextlib
+import dataclasses
 import math
 import os
 import sys
@@ -12,6 +13,7 @@ from . import fingerprint
 from .config import RunConfig
 from .data import StepPlan, TrainingData
 from .errors import NonFiniteError, UserError
+from .hardware import cpu_vendor, isa_summary, resolve_precision
 from .model import MiniMindForCausalLM
 from .parallel import Ranks
 from .resume import TrainingState
@@ -51,6 +53,16 @@ def make_deterministic(cfg: RunConfig) -> str:
         # separate processes bit for bit) and where the call costs 1.5 s of importing torch._inductor.
         torch.use_deterministic_algorithms(True)
     return device
+
+
+def resolve_auto_precision(cfg: RunConfig, device: str) -> RunConfig:
+    """precision: auto decided, once, for this device (bf16 where the CPU computes it natively)."""
+    if cfg.precision != "auto":
+        return cfg
+    cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
+    print(f"precision: auto is {cfg.precision} on this {device} ({cpu_vendor()}: {isa_summary()})", file=sys.stderr,
+          flush=True)
+    return cfg
 
 
 def build(cfg: RunConfig, device: str, ranks: Ranks, data: TrainingData) -> TrainingState:
