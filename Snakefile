@@ -32,6 +32,7 @@ include: "workflow/rules/resources.smk"  # what each job asks a cluster for
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/dist.smk"
+include: "workflow/rules/training.smk"  # train.smk's and dist.smk's training jobs: one rule body
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/audit.smk"  # other trainers' resume: snakemake --cores 2 audit
 include: "workflow/rules/certify.smk"  # any training command killed and resumed: snakemake --cores 2 certify

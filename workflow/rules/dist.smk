@@ -65,133 +65,35 @@ DIST_RESUME = {
 }
 
 
-# (a rule's shell string is evaluated when its job runs, after the loops below have moved on: what
-# differs per rule goes into params, which are bound when the rule is defined)
-DIST_SHELL = (
-    "{params.launch} {input.script} --config {input.settings} --tokens {input.tokens} {params.flags}"
-    " --out {output.weights} --loss-log {output.log} --timing {output.timing}"
-    " --checkpoint-dir {params.checkpoints} 2> {log}"
-)
-
-
+# each run as TRAINING_JOBS (train.smk), which training.smk makes rules
 for run, (layout, flags) in DIST_RUNS.items():
     ranks = DIST_LAYOUTS[layout]["world_size"]
-
+    folder = f"{DIST}/{run}"
     if run != "one_rank":
-
-        rule:
-            name:
-                f"dist_{run}_straight"
-            input:
-                code=training_code(ranks),
-                script=RUN,
-                settings=settings(f"dist_{layout}"),
-                tokens=TRAIN_TOKENS,
-            output:
-                weights=f"{DIST}/{run}/straight.pth",
-                log=f"{DIST}/{run}/straight_log.csv",
-                timing=f"{DIST}/{run}/timing/straight.json",
-            log:
-                f"{DIST}/{run}/logs/straight.log",
-            conda:
-                ENV
-            threads: config["threads"] * ranks
-            resources:
-                **training_resources(ranks),
-            params:
-                launch=launch(ranks),
-                checkpoints=checkpoint_dir,
-                flags=flags,
-            shell:
-                DIST_SHELL
-
-    rule:
-        name:
-            f"dist_{run}_resume"
-        input:
-            code=training_code(ranks),
-            script=RUN,
-            settings=settings(f"dist_{layout}_stop"),
-            tokens=TRAIN_TOKENS,
-        output:
-            weights=(
-                directory(DIST_RESUME[run]) if layout == "fsdp2" else DIST_RESUME[run]
-            ),
-            log=f"{DIST}/{run}/resume_log.csv",
-            timing=f"{DIST}/{run}/timing/resume.json",
-        log:
-            f"{DIST}/{run}/logs/resume.log",
-        conda:
-            ENV
-        threads: config["threads"] * ranks
-        resources:
-            **training_resources(ranks),
-        params:
-            launch=launch(ranks),
-            checkpoints=checkpoint_dir,
-            flags=f"{flags} --stop-at",
-        shell:
-            DIST_SHELL
-
+        TRAINING_JOBS[f"dist_{run}_straight"] = TrainingJob(
+            folder, "straight", f"dist_{layout}", ranks, flags
+        )
+    TRAINING_JOBS[f"dist_{run}_resume"] = TrainingJob(
+        folder,
+        "resume",
+        f"dist_{layout}_stop",
+        ranks,
+        f"{flags} --stop-at".strip(),
+        out=DIST_RESUME[run],
+    )
     if run != "one_rank":
-
-        rule:
-            name:
-                f"dist_{run}_resumed"
-            input:
-                code=training_code(ranks),
-                script=RUN,
-                settings=settings(f"dist_{layout}"),
-                tokens=TRAIN_TOKENS,
-                resume=DIST_RESUME[run],
-            output:
-                weights=f"{DIST}/{run}/resumed.pth",
-                log=f"{DIST}/{run}/resumed_log.csv",
-                timing=f"{DIST}/{run}/timing/resumed.json",
-            log:
-                f"{DIST}/{run}/logs/resumed.log",
-            conda:
-                ENV
-            threads: config["threads"] * ranks
-            resources:
-                **training_resources(ranks),
-            params:
-                launch=launch(ranks),
-                checkpoints=checkpoint_dir,
-                flags=f"{flags} --resume {DIST_RESUME[run]}",
-            shell:
-                DIST_SHELL
-
-
+        TRAINING_JOBS[f"dist_{run}_resumed"] = TrainingJob(
+            folder, "resumed", f"dist_{layout}", ranks, flags, DIST_RESUME[run]
+        )
 for name, (source, layout, flags) in RESHARDS.items():
-    ranks = DIST_LAYOUTS[layout]["world_size"]
-
-    rule:
-        name:
-            f"dist_{name}"
-        input:
-            code=training_code(ranks),
-            script=RUN,
-            settings=settings(f"dist_{layout}"),
-            tokens=TRAIN_TOKENS,
-            resume=DIST_RESUME[source],
-        output:
-            weights=f"{DIST}/{name}.pth",
-            log=f"{DIST}/{name}_log.csv",
-            timing=f"{DIST}/timing/{name}.json",
-        log:
-            f"{DIST}/logs/{name}.log",
-        conda:
-            ENV
-        threads: config["threads"] * ranks
-        resources:
-            **training_resources(ranks),
-        params:
-            launch=launch(ranks),
-            checkpoints=checkpoint_dir,
-            flags=f"{flags} --resume {DIST_RESUME[source]}",
-        shell:
-            DIST_SHELL
+    TRAINING_JOBS[f"dist_{name}"] = TrainingJob(
+        DIST,
+        name,
+        f"dist_{layout}",
+        DIST_LAYOUTS[layout]["world_size"],
+        flags,
+        DIST_RESUME[source],
+    )
 
 
 rule dist_divergence:
