@@ -48,7 +48,8 @@ readme: results
 	$(BIN)/python workflow/scripts/update_readme.py README.md docs/*.md results=results/summary.md \
 		settings=results/settings.md dist=results/dist/summary.md bench=bench/targets.md \
 		parity=results/minimind-parity/summary.md audit=results/audit/summary.md crash=results/crash/states.md \
-		certify=results/certify/summary.md releases=results/audit/releases.md
+		certify=results/certify/summary.md releases=results/audit/releases.md \
+		entries=results/resume_entries.md
 
 # the benchmark (minutes; run it on a quiet machine): bench/results.md, results.csv, targets.md
 bench: $(BIN)/.test

@@ -17,7 +17,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
@@ -25,6 +24,7 @@ sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
+from mmkit.data import DataPosition  # noqa: E402
 from mmkit.model import MiniMindForCausalLM, ModelConfig  # noqa: E402
 from mmkit.parallel import ParallelConfig, start  # noqa: E402
 from mmkit.resume import TrainingState, resume_state  # noqa: E402
@@ -68,7 +68,7 @@ def main():
                   f"{args.rounds} rounds", file=sys.stderr)
         for r in range(args.rounds + 1):  # round 0 warms up both
             for mode in ("sync", "async") if r % 2 == 0 else ("async", "sync"):
-                batches = SimpleNamespace(position={"epoch": 0, "batch": 1})
+                batches = DataPosition(gen, {"epoch": 0, "batch": 1})
                 state = resume_state(TrainingState(model, optimizer, gen, batches, None, ranks, {"bench": True}, step=1))
                 ranks.barrier()
                 t0 = time.perf_counter()

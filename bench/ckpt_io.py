@@ -6,12 +6,12 @@ import re
 import statistics
 import subprocess
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 from common import LR, model_config, paired_ratio, summary, time_interleaved, time_once
 
 from mmkit.checkpoint import save_atomic
+from mmkit.data import DataPosition
 from mmkit.model import MiniMindForCausalLM
 from mmkit.parallel import Ranks
 from mmkit.resume import TrainingState, resume_state
@@ -29,7 +29,7 @@ def resume_sized_live(dims: str) -> TrainingState:
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     gen = torch.Generator().manual_seed(0)
-    batches = SimpleNamespace(position={"epoch": 0, "batch": 1})
+    batches = DataPosition(gen, {"epoch": 0, "batch": 1})
     return TrainingState(model, optimizer, gen, batches, None, Ranks(1, 0, "single", 1),
                          {"format": 1, "note": "bench"}, step=1)
 

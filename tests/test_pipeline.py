@@ -121,6 +121,16 @@ def test_optim_counts_match_the_resume_file_and_ratio_is_two(pipeline):
     moments = sum(t.numel() for s in state["optimizer"]["state"].values() for t in s.values() if t.dim() >= 1)
     assert result["optimizer_numel"] == moments
     assert result["ratio"] == 2.0  # AdamW: exp_avg and exp_avg_sq, one element each per weight
+    # the table of entries the docs show: every entry of this very file, in its order, none invented, and
+    # its tensor elements counted as the file stores them (the tied head once, a counter per parameter).
+    # Catches a resume entry the generated table leaves out, and the tie counted twice.
+    rows = [line.split(" | ") for line in (pipeline / "resume_entries.md").read_text().splitlines()
+            if line.startswith("| `")]
+    assert [r[0].removeprefix("| ").strip("`") for r in rows] == [k for k in state if k != "digests"]
+    counts = {r[0].removeprefix("| ").strip("`"): r[1] for r in rows}
+    assert counts["model"] == f"{params:,}"
+    assert counts["optimizer"] == f"{moments + len(state['optimizer']['state']):,}"
+    assert counts["step"] == "—" and all(r[3] for r in rows)  # a number holds no tensor; each row says what it is
 
 
 def test_divergence_table_reads_zero_for_resumed_and_not_for_ablations(pipeline):

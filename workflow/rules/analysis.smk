@@ -62,7 +62,8 @@ rule optim:
         script=SCRIPTS / "optim_counts.py",
         resume=rules.resume.output.weights,
     output:
-        f"{OUT}/optim.json",
+        json=f"{OUT}/optim.json",
+        entries=f"{OUT}/resume_entries.md",  # docs/checkpoints.md's table of entries
     log:
         f"{OUT}/logs/optim.log",
     conda:
@@ -70,7 +71,8 @@ rule optim:
     resources:
         **ANALYSIS_RESOURCES,
     shell:
-        "python {input.script} --resume {input.resume} --json {output} 2> {log}"
+        "python {input.script} --resume {input.resume} --json {output.json}"
+        " --entries {output.entries} 2> {log}"
 
 
 # every resumed variant, compared with the straight run (resumed is the control); the new paths' ablations
@@ -152,7 +154,7 @@ rule report:
         divergence=rules.divergence.output,
         fp16=rules.fp16.output.json,
         bf16=rules.bf16.output.json,
-        optim=rules.optim.output,
+        optim=rules.optim.output.json,
         straight_log=rules.straight.output.log,
         resumed_log=rules.resumed.output.log,
         plots=rules.plots.output,

@@ -1,4 +1,6 @@
-"""Count what the resume file holds: weight elements vs AdamW state elements, and their ratio."""
+"""What the resume file holds: weight elements vs AdamW state elements and their ratio (--json), and each
+entry of the resume table (mmkit.resume.ENTRIES) with its tensor elements in this file (--entries:
+docs/checkpoints.md's table, filled by make readme)."""
 
 import argparse
 import json
@@ -7,6 +9,7 @@ import os
 from mmkit.atomic import write_text_atomic
 from mmkit import store
 from mmkit.errors import run_cli
+from mmkit.resume import ENTRIES
 
 TIED = "lm_head.weight"  # the embedding under a second name: one tensor, counted once
 
@@ -15,6 +18,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--resume", required=True)
     p.add_argument("--json", required=True)
+    p.add_argument("--entries", required=True, help="markdown: the resume table, entry by entry")
     args = p.parse_args()
 
     state = store.read(args.resume)
@@ -32,7 +36,20 @@ def main():
         "resume_bytes": os.path.getsize(args.resume),
     }
     write_text_atomic(args.json, json.dumps(result, indent=2) + "\n")
+    write_text_atomic(args.entries, entries_table(state, args.resume))
     print(json.dumps(result))
+
+
+def entries_table(state: dict, path) -> str:
+    rows = [f"Each entry of `{os.path.basename(path)}` ({state['step']} steps), from the resume table "
+            "(`ENTRIES`, `mmkit/resume.py`):", "",
+            "| entry | tensor elements | sealed by a sha256 | what it is |", "|---|---|---|---|"]
+    for e in ENTRIES:
+        # a tied tensor (lm_head.weight, the embedding) is one storage in the file: counted once
+        elements = sum({(t.data_ptr(), t.numel()): t.numel() for t in store.tensors(state[e.name])}.values())
+        rows.append(f"| `{e.name}` | {f'{elements:,}' if elements else '—'} | {'yes' if e.sealed else 'no'} | "
+                    f"{e.about} |")
+    return "\n".join(rows) + "\n"
 
 
 if __name__ == "__main__":

@@ -202,14 +202,60 @@ class StepPlan:
 # --- the windows format ----------------------------------------------------------------------------
 
 
-class WindowBatches:
+class GeneratorState:
+    """The batch generator as a piece of the resume (gen_state): the windows' data position is its state.
+    The minimind format never draws from it, so there it stays the seed's."""
+
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
+
+    def state_dict(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def load_state_dict(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
+
+    @staticmethod
+    def check(g, saved, ctx):
+        """The state the generator has after the batches this run reads by the resume's step (Expected)."""
+        expected = ctx.expected.gen_state(saved["step"])
+        if g.dtype != torch.uint8 or g.shape != expected.shape:
+            ctx.refuse(f"is a {g.dtype} tensor of shape {list(g.shape)}, "
+                       f"the batch generator's state is uint8 of shape {list(expected.shape)}")
+        if not torch.equal(g, expected):
+            ctx.refuse(f"is not the data position after {saved['step']} batches of this run")
+
+
+class DataPosition:
+    """Where the data continues, as the resume's two pieces: the position as a value, {epoch, batches of it
+    read} (itself: data_position; the minimind format's whole position, its epoch order re-drawn from
+    seed + epoch; with windows, epoch 0 and the batches drawn), and its generator's state (gen_state)."""
+
+    def __init__(self, generator: torch.Generator, position: dict | None = None):
+        self.generator, self.generator_state = generator, GeneratorState(generator)
+        self.position = dict(position or {"epoch": 0, "batch": 0})
+
+    def state_dict(self) -> dict:
+        return dict(self.position)
+
+    def load_state_dict(self, position: dict) -> None:
+        self.position = dict(position)
+
+    @staticmethod
+    def check(position, saved, ctx):
+        """The position this run reaches by the resume's step (Expected)."""
+        expected = ctx.expected.position(saved["step"])
+        if position != expected:
+            ctx.refuse(f"is {position}; after step {saved['step']} this run reads from {expected}")
+
+
+class WindowBatches(DataPosition):
     """Random windows, batch after batch, from the run's batch generator: its state is the position, which
     is also counted (epoch 0, batches drawn) so that both formats report one."""
 
-    def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, generator: torch.Generator,
-                 position: dict):
-        self.tokens, self.batch_size, self.seq_len, self.generator = tokens, batch_size, seq_len, generator
-        self.position = dict(position)
+    def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, generator: torch.Generator):
+        super().__init__(generator)
+        self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
 
     def __iter__(self):
         while True:
@@ -264,7 +310,7 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(seed)
 
 
-class EpochBatches:
+class EpochBatches(DataPosition):
     """Batches of a dataset in MiniMind's order: epoch e is a permutation drawn from a generator seeded
     seed + e (MiniMind's setup_seed(42 + epoch), without touching the global RNG); consecutive batch_size
     indices make a batch, the last one of an epoch shorter. A DataLoader with `workers` processes reads them.
@@ -273,9 +319,9 @@ class EpochBatches:
     tokenized (MiniMind's SkipBatchSampler).
     """
 
-    def __init__(self, dataset, batch_size: int, seed: int, workers: int):
+    def __init__(self, dataset, batch_size: int, seed: int, workers: int, generator: torch.Generator):
+        super().__init__(generator)  # never drawn from: its state stays the seed's
         self.dataset, self.batch_size, self.seed, self.workers = dataset, batch_size, seed, workers
-        self.position = {"epoch": 0, "batch": 0}  # the caller moves it to a resume's position
 
     @property
     def batches_per_epoch(self) -> int:
@@ -353,5 +399,5 @@ class TrainingData:
         """The batches from step 1's position (a resume moves .position): windows of DRAWN drawn with
         GENERATOR, or the epochs' batches."""
         if self.windows:
-            return WindowBatches(self.tokens, drawn, self.cfg.seq_len, generator, {"epoch": 0, "batch": 0})
-        return EpochBatches(self.dataset, self.cfg.batch_size, self.cfg.seed, self.cfg.workers)
+            return WindowBatches(self.tokens, drawn, self.cfg.seq_len, generator)
+        return EpochBatches(self.dataset, self.cfg.batch_size, self.cfg.seed, self.cfg.workers, generator)

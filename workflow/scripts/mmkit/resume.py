@@ -1,9 +1,13 @@
-"""What a resume holds: one table of entries, and the live training state they are taken from and put back into.
+"""What a resume holds: one table of entries, each taken from a piece of the live training state that saves,
+restores and checks itself.
 
-Each row of ENTRIES says, for one entry of a resume file: its type, whether a digest seals it, how it is
-taken from the live TrainingState, how it is put back, and how it is checked before a single step runs.
-Saving, loading, the seal, the DCP directory's metadata and the checks all iterate over this table, and each
-ablation (mmkit.ablations) names the entries it throws away. Adding a piece of state is one row and its check.
+A piece is Stateful: state_dict() gives the value a resume file holds, load_state_dict(value) puts it back,
+and check(value, the whole resume, Checking) refuses, before a single step runs, what this run could not
+continue from bit for bit (None: nothing to check). The data's pieces live in mmkit.data, the others here.
+Each row of ENTRIES names an entry, its type, its piece, whether a digest seals it, and says in one line
+what it is (docs/checkpoints.md's table is generated from it). Saving, loading, the seal, the DCP
+directory's metadata and the checks all iterate over this table, and each ablation (mmkit.ablations) names
+the entries it throws away. Adding a piece of state is one class (or a method on one) and one row.
 """
 
 import math
@@ -18,6 +22,20 @@ from .errors import UserError
 from .parallel import Ranks, model_state, optimizer_state, unwrap
 
 
+class LossLog(list):
+    """[(step, loss)] of the steps this run trained; a restart of the same run rewrites the same log."""
+
+    def state_dict(self) -> list:
+        return list(self)
+
+    def load_state_dict(self, rows) -> None:
+        self[:] = [tuple(row) for row in rows]
+
+    @staticmethod
+    def check(rows, saved, ctx):
+        check_loss_log(rows, saved, ctx)
+
+
 @dataclass
 class TrainingState:
     """Everything the next step depends on, live: the loop trains it, a save takes it, a resume restores it."""
@@ -25,7 +43,9 @@ class TrainingState:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     batch_generator: torch.Generator  # the windows' draws: its state is their data position
-    batches: object  # WindowBatches or EpochBatches: yields batches and keeps .position, the next one's
+    # mmkit.data's WindowBatches or EpochBatches: yields batches, keeps .position (the next one's) and the
+    # generator's state: the data's two pieces of a resume
+    batches: object
     scaler: torch.amp.GradScaler | None  # fp16 only
     ranks: Ranks
     fingerprint: dict
@@ -34,29 +54,95 @@ class TrainingState:
     # AdamW's own step counter is step - skipped_steps - this: 0, unless a resume started AdamW afresh
     # (--no-optim: then the resume's step) or moved the step under it (--minimind-rescale)
     adamw_offset: int = 0
-    loss_log: list = field(default_factory=list)  # [(step, loss)] of the steps this run trained
+    loss_log: LossLog = field(default_factory=LossLog)
     # which run this is: the resume it started from (sha256) and the ablations applied then
     origin: dict = field(default_factory=lambda: {"resume_sha256": None, "ablations": []})
 
 
-def global_rng_state() -> dict:
-    return {"cpu": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None}
+# --- the pieces kept here (the data's: mmkit.data) ----------------------------------------------------
 
 
-def set_global_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["cpu"])
-    if state["cuda"] is not None:
-        torch.cuda.set_rng_state(state["cuda"])
+class Field:
+    """A plain value of the TrainingState (a counter, the fingerprint, the origin), with its check."""
+
+    def __init__(self, live: TrainingState, name: str, check: Callable | None = None):
+        self.live, self.name, self.check = live, name, check
+
+    def state_dict(self):
+        return getattr(self.live, self.name)
+
+    def load_state_dict(self, value) -> None:
+        setattr(self.live, self.name, value)
 
 
-def _put_scaler(live, value):
-    if live.scaler:
-        live.scaler.load_state_dict(value)
+class Weights:
+    """The model's full state_dict, gathered from every rank's shards under FSDP2."""
+
+    def __init__(self, model, ranks: Ranks):
+        self.model, self.ranks = model, ranks
+
+    def state_dict(self) -> dict:
+        return model_state(self.model, self.ranks)
+
+    def load_state_dict(self, weights: dict) -> None:
+        unwrap(self.model).load_state_dict(weights)
+
+    @staticmethod
+    def check(weights, saved, ctx):
+        check_weights(weights, saved, ctx)
 
 
-def _put_model(live, value):
-    unwrap(live.model).load_state_dict(value)
+class AdamWState:
+    """AdamW's exp_avg, exp_avg_sq and step per parameter, and its parameter groups."""
+
+    def __init__(self, model, optimizer, ranks: Ranks):
+        self.model, self.optimizer, self.ranks = model, optimizer, ranks
+
+    def state_dict(self) -> dict:
+        return optimizer_state(self.model, self.optimizer, self.ranks)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state)
+
+    @staticmethod
+    def check(state, saved, ctx):
+        check_optimizer_state(state, saved, ctx)
+
+
+class GlobalRNG:
+    """The global RNG, which draws dropout's masks: {"cpu": state, "cuda": state or None}."""
+
+    def state_dict(self) -> dict:
+        return {"cpu": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized()
+                else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        torch.set_rng_state(state["cpu"])
+        if state["cuda"] is not None:
+            torch.cuda.set_rng_state(state["cuda"])
+
+    @staticmethod
+    def check(state, saved, ctx):
+        check_rng_state(state, saved, ctx)
+
+
+class LossScale:
+    """fp16's GradScaler: its loss scale and growth tracker (None without fp16)."""
+
+    def __init__(self, scaler):
+        self.scaler = scaler
+
+    def state_dict(self) -> dict | None:
+        return self.scaler.state_dict() if self.scaler else None
+
+    def load_state_dict(self, state) -> None:
+        if self.scaler:
+            self.scaler.load_state_dict(state)
+
+    @staticmethod
+    def check(state, saved, ctx):
+        check_scaler_state(state, saved, ctx)
 
 
 # --- how each entry is checked: check(value, saved, ctx) calls ctx.refuse(why) -----------------------
@@ -197,23 +283,8 @@ def adamw_state_refusal(name: str, entry: dict, updates: int) -> str | None:
     return None
 
 
-def check_gen_state(g, saved, ctx):
-    expected = ctx.expected.gen_state(saved["step"])
-    if g.dtype != torch.uint8 or g.shape != expected.shape:
-        ctx.refuse(f"is a {g.dtype} tensor of shape {list(g.shape)}, "
-                                f"the batch generator's state is uint8 of shape {list(expected.shape)}")
-    if not torch.equal(g, expected):
-        ctx.refuse(f"is not the data position after {saved['step']} batches of this run")
-
-
-def check_data_position(position, saved, ctx):
-    expected = ctx.expected.position(saved["step"])
-    if position != expected:
-        ctx.refuse(f"is {position}; after step {saved['step']} this run reads from {expected}")
-
-
 def check_rng_state(saved, _, ctx):
-    now = global_rng_state()
+    now = GlobalRNG().state_dict()
     if set(saved) != set(now):
         ctx.refuse(f"has {sorted(saved)}, not {sorted(now)}")
     for device, t in saved.items():
@@ -261,49 +332,41 @@ def check_loss_log(rows, saved, ctx):
 class Entry:
     name: str
     kind: type | tuple  # what the file must hold
-    sealed: bool  # its sha256 is recorded at save and compared at load
-    take: Callable  # live TrainingState -> the value saved
-    put: Callable | None  # (live, value): back into the live state; None: compared, never put back
-    check: Callable | None  # (value, the whole resume, Checking): refuses what this run cannot continue from
+    piece: Callable  # live TrainingState -> the Stateful piece that holds it
+    about: str  # one line: what it is and why a resume needs it
+    sealed: bool = True  # its sha256 is recorded at save and compared at load
+    restored: bool = True  # False: compared (the fingerprint), never put back
     sharded: bool = False  # under FSDP2 it lives in the DCP shard files, not in the directory's resume.pth
     of_run: bool = False  # the run's own record: put back only when the same run restarts (auto-resume)
 
 
 ENTRIES = (
-    # the LR schedule continues from here, counted on the total steps
-    Entry("step", int, True, lambda s: s.step, lambda s, v: setattr(s, "step", v), check_step),
-    # AdamW counted step - these updates
-    Entry("skipped_steps", int, True, lambda s: s.skipped_steps, lambda s, v: setattr(s, "skipped_steps", v),
-          check_skipped_steps),
-    # fp32 weights: half precision here would change the next step
-    Entry("model", dict, True, lambda s: model_state(s.model, s.ranks), _put_model, check_weights, sharded=True),
-    # steps AdamW did not count (an ablation's fresh optimizer); checked before the optimizer's counters
-    Entry("adamw_offset", int, True, lambda s: s.adamw_offset, lambda s, v: setattr(s, "adamw_offset", v),
-          check_adamw_offset),
-    # AdamW's exp_avg and exp_avg_sq per parameter, and its step
-    Entry("optimizer", dict, True, lambda s: optimizer_state(s.model, s.optimizer, s.ranks),
-          lambda s, v: s.optimizer.load_state_dict(v), check_optimizer_state, sharded=True),
-    # the windows' data position: one generator for all ranks, so one state (the rank0_gen ablation saves
-    # rank 0's and so forgets the others')
-    Entry("gen_state", torch.Tensor, True, lambda s: s.batch_generator.get_state(),
-          lambda s, v: s.batch_generator.set_state(v), check_gen_state),
-    # the data position as a value: {epoch, batches of it read}. The minimind format's whole position (its
-    # epoch order is re-drawn from seed + epoch); with windows, epoch 0 and the batches drawn
-    Entry("data_position", dict, True, lambda s: dict(s.batches.position),
-          lambda s, v: setattr(s.batches, "position", dict(v)), check_data_position),
-    # the global RNG (dropout's masks): {"cpu": state, "cuda": state or None}
-    Entry("rng_state", dict, True, lambda s: global_rng_state(), lambda s, v: set_global_rng_state(v),
-          check_rng_state),
-    # fp16's GradScaler: its loss scale and growth tracker (None without fp16)
-    Entry("scaler", (dict, type(None)), True, lambda s: s.scaler.state_dict() if s.scaler else None, _put_scaler,
-          check_scaler_state),
-    # what must match for the continuation to be bit-exact (mmkit.fingerprint compares it first)
-    Entry("fingerprint", dict, False, lambda s: s.fingerprint, None, None),
-    # two runs of one fingerprint can differ (resumed vs noopt): auto-resume compares it
-    Entry("origin", dict, True, lambda s: s.origin, lambda s, v: setattr(s, "origin", v), None, of_run=True),
-    # a restart rewrites the same log
-    Entry("loss_log", list, True, lambda s: list(s.loss_log),
-          lambda s, v: setattr(s, "loss_log", [tuple(row) for row in v]), check_loss_log, of_run=True),
+    Entry("step", int, lambda s: Field(s, "step", check_step),
+          "the last optimizer step taken: the LR schedule continues from it, counted on the total steps"),
+    Entry("skipped_steps", int, lambda s: Field(s, "skipped_steps", check_skipped_steps),
+          "updates skipped for a non-finite loss or an fp16 overflow: AdamW counted step less these"),
+    Entry("model", dict, lambda s: Weights(s.model, s.ranks),
+          "the weights, in fp32: half precision here would change the next step", sharded=True),
+    # checked before the optimizer's counters, which it says how to count
+    Entry("adamw_offset", int, lambda s: Field(s, "adamw_offset", check_adamw_offset),
+          "steps AdamW did not count (an ablation's fresh optimizer, a rescaled step)"),
+    Entry("optimizer", dict, lambda s: AdamWState(s.model, s.optimizer, s.ranks),
+          "AdamW's exp_avg and exp_avg_sq per parameter, and its step", sharded=True),
+    Entry("gen_state", torch.Tensor, lambda s: s.batches.generator_state,
+          "the batch generator's state: the windows' data position (one generator for all ranks)"),
+    Entry("data_position", dict, lambda s: s.batches,
+          "the data position as a value, {epoch, batches of it read}: the minimind format's whole position"),
+    Entry("rng_state", dict, lambda s: GlobalRNG(), "the global RNG states, CPU and CUDA: dropout's masks"),
+    Entry("scaler", (dict, type(None)), lambda s: LossScale(s.scaler),
+          "fp16's GradScaler: its loss scale and growth tracker (None without fp16)"),
+    Entry("fingerprint", dict, lambda s: Field(s, "fingerprint"),
+          "what must match for the continuation to be bit-exact (mmkit.fingerprint compares it first)",
+          sealed=False, restored=False),
+    Entry("origin", dict, lambda s: Field(s, "origin"),
+          "the resume this run started from and its ablations: auto-resume takes only its own run's",
+          of_run=True),
+    Entry("loss_log", list, lambda s: s.loss_log, "(step, loss) of every step trained: a restart rewrites the same log",
+          of_run=True),
 )
 BY_NAME = {e.name: e for e in ENTRIES}
 NAMES = tuple(BY_NAME) + ("digests",)  # every key of a resume file
@@ -315,7 +378,7 @@ def resume_state(live: TrainingState) -> dict:
     One file at world size 1 and under DDP (sealed as it is saved); under FSDP2 the sharded entries go to DCP
     files and the rest, sealed, to the directory's resume.pth (mmkit.sharded).
     """
-    return {e.name: e.take(live) for e in ENTRIES}
+    return {e.name: e.piece(live).state_dict() for e in ENTRIES}
 
 
 def sealed(state: dict) -> tuple:
@@ -351,9 +414,10 @@ def check(saved: dict, ctx: Checking, skip=()) -> None:
     """Every entry of a resume checked against this run before a single step runs; those in SKIP (thrown
     away by an ablation, or checked by the storage) are not. Each failure is one UserError naming the entry."""
     for e in ENTRIES:
-        if e.check and e.name not in skip:
+        piece = e.piece(ctx.live)
+        if piece.check and e.name not in skip:
             ctx.entry = e.name
-            e.check(saved[e.name], saved, ctx)
+            piece.check(saved[e.name], saved, ctx)
     for name in sealed(saved):
         if name not in skip and digest(saved[name]) != saved["digests"].get(name):
             ctx.entry = name
@@ -363,8 +427,8 @@ def check(saved: dict, ctx: Checking, skip=()) -> None:
 def put(saved: dict, live: TrainingState, skip=(), same_run: bool = False) -> None:
     """Every entry not in SKIP back into LIVE; the run's own record (origin, loss log) only for SAME_RUN."""
     for e in ENTRIES:
-        if e.put and e.name not in skip and (same_run or not e.of_run):
-            e.put(live, saved[e.name])
+        if e.restored and e.name not in skip and (same_run or not e.of_run):
+            e.piece(live).load_state_dict(saved[e.name])
 
 
 def tied_names(model) -> dict:
