@@ -84,3 +84,22 @@ def test_every_module_of_both_packages_is_on_the_map():
         for name, path in modules(package).items():
             if path.stem != "__init__":
                 assert path.name in doc, f"docs/architecture.md does not name {package}/{path.name}"
+
+
+def test_run_py_stays_short_and_no_function_does_several_jobs():
+    """Catches: the checkpoint policy or other library work growing back into run.py (issue 37: at most 120
+    lines, no function over 40), a function anywhere in workflow/scripts over 60 lines (several jobs in one),
+    and store.resume gathering more than 4 parameters again (its options belong in ResumeOptions)."""
+    run_py = SCRIPTS / "run.py"
+    assert len(run_py.read_text().splitlines()) <= 120
+    long = []
+    for path in sorted(SCRIPTS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > (40 if path == run_py else 60):
+                    long.append(f"{path.relative_to(SCRIPTS)}:{node.name} ({lines} lines)")
+    assert not long
+    resume = next(n for n in ast.parse((SCRIPTS / "mmkit" / "store.py").read_text()).body
+                  if isinstance(n, ast.FunctionDef) and n.name == "resume")
+    assert len(resume.args.args) + len(resume.args.kwonlyargs) <= 4

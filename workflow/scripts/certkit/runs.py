@@ -124,16 +124,39 @@ def controlled(found: dict, straight: dict, run) -> dict:
     return {"restored": pieces, "first": first, "caught": caught}
 
 
-def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 0, timeout: float = 3600,
-            repair: bool = False, control: bool = False, again: int = 0, resume_command: list | None = None) -> dict:
-    """The verdict on COMMAND's resume (verdict.judge's dict), with verdict.json, verdict.md and parting.svg
-    written to OUT. REPAIR: where the first difference is samples or an RNG, resumed runs with the straight
-    run's inputs or RNG states put back say whether they were all the checkpoint forgot. CONTROL: one more
-    resumed run (with those repairs) whose optimizer state is emptied, which the verdict must name. AGAIN:
-    the resumed run is killed again before step AGAIN + 1 and resumed from its own checkpoint of AGAIN (no
-    repair or control then: each puts its pieces back once, after K). RESUME_COMMAND: the resumed runs run it
-    instead of COMMAND (another launcher, another number of ranks), the resume arguments added to it.
-    Raises CannotJudge."""
+class Runs:
+    """The command's runs, each in a session of its own, recorded under OUT/NAME, its files in OUT/runs/."""
+
+    def __init__(self, out: Path, timeout: float, stop_after: int, resuming: list):
+        self.out, self.timeout, self.stop_after, self.resuming = out, timeout, stop_after, resuming
+        self.env = {**os.environ,
+                    "PYTHONPATH": os.pathsep.join([str(SITE), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        self.checkpoint_copy = out / "runs" / "repair-base"
+
+    def run(self, name: str, argv: list, folder: str, step: int | None = None, **settings) -> tuple:
+        """(exit code, its certificate's rows, whether it was killed)."""
+        env = {**self.env, "CERTIFY_RECORD": str(self.out / name), **{k: str(v) for k, v in settings.items()}}
+        argv = substitute(argv, self.out / "runs" / folder, self.stop_after if step is None else step)
+        return execute(name, argv, env, self.out, self.timeout), *verdict.read(self.out / name)
+
+    def keep_checkpoint(self) -> None:
+        """A copy of step K's checkpoint: each repair resumes from it, whatever the resumed run then writes."""
+        shutil.copytree(self.out / "runs" / "resumed", self.checkpoint_copy, symlinks=True)
+
+    def resumed_again(self, name: str, pieces, **settings) -> tuple:
+        """One more resumed run, from the copy of step K's checkpoint, with PIECES of the straight run put back."""
+        shutil.rmtree(self.out / "runs" / name, ignore_errors=True)
+        shutil.copytree(self.checkpoint_copy, self.out / "runs" / name, symlinks=True)
+        if "rng" in pieces:
+            settings["CERTIFY_RESTORE_RNG"] = self.out / "straight"
+        if "samples" in pieces:
+            settings["CERTIFY_REPLAY_INPUTS"] = self.out / "straight"
+        return self.run(name, self.resuming, name, CERTIFY_STEP_OFFSET=self.stop_after, CERTIFY_KEEP_FINAL=1,
+                        **settings)
+
+
+def check_options(command: list, resume_command, stop_after: int, lose: int, again: int, repair: bool,
+                  control: bool) -> None:
     if stop_after < 1 or lose < 0:
         raise CannotJudge(f"--stop-after must be at least 1 and --lose at least 0 (got {stop_after}, {lose})")
     if again and again <= stop_after + lose:
@@ -145,20 +168,54 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
     for argv in (command, resume_command or command):
         if shutil.which(argv[0]) is None:
             raise CannotJudge(f"command not found: {argv[0]}")
+
+
+def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 0, timeout: float = 3600,
+            repair: bool = False, control: bool = False, again: int = 0, resume_command: list | None = None) -> dict:
+    """The verdict on COMMAND's resume (verdict.judge's dict), with verdict.json, verdict.md and parting.svg
+    written to OUT. REPAIR: where the first difference is samples or an RNG, resumed runs with the straight
+    run's inputs or RNG states put back say whether they were all the checkpoint forgot. CONTROL: one more
+    resumed run (with those repairs) whose optimizer state is emptied, which the verdict must name. AGAIN:
+    the resumed run is killed again before step AGAIN + 1 and resumed from its own checkpoint of AGAIN (no
+    repair or control then: each puts its pieces back once, after K). RESUME_COMMAND: the resumed runs run it
+    instead of COMMAND (another launcher, another number of ranks), the resume arguments added to it.
+    Raises CannotJudge."""
+    check_options(command, resume_command, stop_after, lose, again, repair, control)
     resuming = (resume_command or command) + shlex.split(resume)
-    resume_args = shlex.split(resume)
     out = out.resolve()
     prepare(out)
-    base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SITE), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    runs = Runs(out, timeout, stop_after, resuming)
+    straight, stopped, killed = straight_and_stopped(runs, command, resume, lose, again, repair)
+    if repair or control:
+        runs.keep_checkpoint()
+    resumed = resumed_runs(runs, resume, again)
+    found = verdict.judge(straight, stopped, resumed, killed, stop_after, other_world=resume_command is not None)
+    if not found["deterministic"]:
+        b = found["before_kill"]
+        raise CannotJudge(f"the command does not repeat itself: its straight and stopped runs differ at step "
+                          f"{b['step']}, rank {b['rank']} ({verdict.NAMES[b['piece']]}), before any stop")
+    found["max_abs_dw"] = verdict.final_gap(out / "straight", out / "resumed", set(resumed))
+    if repair:
+        found["repair"] = repaired(found, straight, lambda pieces: runs.resumed_again("repaired", pieces))
+    if control:
+        found["control"] = controlled(found, straight, lambda pieces: runs.resumed_again(
+            "control", pieces, CERTIFY_EMPTY_OPTIMIZER=1))
+    found.update(command=command, resume=resume, lose=lose, again=again,
+                 resume_command=shlex.join(resume_command) if resume_command else None)
+    verdict.write_atomic(out / "verdict.json", json.dumps(found, indent=1) + "\n")
+    verdict.write_atomic(out / "verdict.md", verdict.markdown(found, shlex.join(command), resume, lose))
+    verdict.write_atomic(out / "parting.svg", verdict.svg(found, straight, resumed))
+    return found
+
+
+def straight_and_stopped(runs: Runs, command: list, resume: str, lose: int, again: int, repair: bool) -> tuple:
+    """The straight run (its RNG states after K kept, and with REPAIR its inputs after K), then the stopped
+    run, killed before step K + 1 + LOSE with its checkpoint of K on disk: (straight, stopped, killed)."""
+    out, stop_after = runs.out, runs.stop_after
     kill_at = stop_after + 1 + lose
-
-    def run(name, argv, folder, step=stop_after, **settings):
-        env = {**base, "CERTIFY_RECORD": str(out / name), **{k: str(v) for k, v in settings.items()}}
-        code = execute(name, substitute(argv, out / "runs" / folder, step), env, out, timeout)
-        return code, *verdict.read(out / name)
-
     keep = {"CERTIFY_KEEP_INPUTS": stop_after} if repair else {}  # the model's inputs after K: only for a repair
-    code, straight, _ = run("straight", command, "straight", CERTIFY_KEEP_RNG=stop_after, CERTIFY_KEEP_FINAL=1, **keep)
+    code, straight, _ = runs.run("straight", command, "straight", CERTIFY_KEEP_RNG=stop_after, CERTIFY_KEEP_FINAL=1,
+                                 **keep)
     if code != 0:
         raise CannotJudge(f"the straight run failed (exit {code}): {last_line(out / 'straight.log')}",
                           out / "straight.log")
@@ -171,60 +228,35 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
                    + (f" --again {again}" if again else ""))
         raise CannotJudge(f"{options}: the run makes {last} optimizer steps, so the kill before step "
                           f"{max(kill_at, again + 1)} would never come")
-    code, stopped, killed = run("stopped", command, "resumed", CERTIFY_KILL_AT=kill_at)
+    code, stopped, killed = runs.run("stopped", command, "resumed", CERTIFY_KILL_AT=kill_at)
     if not killed:
         raise CannotJudge(f"the stopped run was not killed before step {kill_at}: it ended with exit {code}",
                           out / "stopped.log")
-    path = missing_checkpoint(resume_args, out / "runs" / "resumed", stop_after)
+    path = missing_checkpoint(shlex.split(resume), out / "runs" / "resumed", stop_after)
     if path:
         raise CannotJudge(f"no checkpoint {path}: the stopped run saved none at step {stop_after} "
                           "(does the command save one there?)", out / "stopped.log")
-    checkpoint_copy = out / "runs" / "repair-base"
-    if repair or control:  # each resumes from the same checkpoint, whatever the resumed run then writes beside it
-        shutil.copytree(out / "runs" / "resumed", checkpoint_copy, symlinks=True)
+    return straight, stopped, killed
+
+
+def resumed_runs(runs: Runs, resume: str, again: int) -> dict:
+    """The resumed run's certificate; with AGAIN, of both legs: the first killed again after its own
+    checkpoint of AGAIN, the second resumed from that."""
+    out, stop_after, resuming = runs.out, runs.stop_after, runs.resuming
     first_leg = {}
-    if again:  # the first resume, killed again after its own checkpoint of AGAIN
-        code, first_leg, killed_again = run("resumed.first", resuming, "resumed",
-                                            CERTIFY_STEP_OFFSET=stop_after, CERTIFY_KILL_AT=again + 1)
+    if again:
+        code, first_leg, killed_again = runs.run("resumed.first", resuming, "resumed",
+                                                 CERTIFY_STEP_OFFSET=stop_after, CERTIFY_KILL_AT=again + 1)
         if not killed_again:
             raise CannotJudge(f"resume failed: {last_line(out / 'resumed.first.log')}", out / "resumed.first.log")
-        path = missing_checkpoint(resume_args, out / "runs" / "resumed", again)
+        path = missing_checkpoint(shlex.split(resume), out / "runs" / "resumed", again)
         if path:
             raise CannotJudge(f"resume failed: the first resumed run saved no checkpoint {path}",
                               out / "resumed.first.log")
-    code, resumed, _ = run("resumed", resuming, "resumed", again or stop_after,
-                           CERTIFY_STEP_OFFSET=again or stop_after, CERTIFY_KEEP_FINAL=1)
+    code, resumed, _ = runs.run("resumed", resuming, "resumed", again or stop_after,
+                                CERTIFY_STEP_OFFSET=again or stop_after, CERTIFY_KEEP_FINAL=1)
     if code != 0:
         raise CannotJudge(f"resume failed: {last_line(out / 'resumed.log')}", out / "resumed.log")
     if not resumed:
         raise CannotJudge("resume failed: the resumed run made no optimizer step", out / "resumed.log")
-    resumed = {rank: {**first_leg.get(rank, {}), **rows} for rank, rows in resumed.items()}  # both legs' steps
-    found = verdict.judge(straight, stopped, resumed, killed, stop_after, other_world=resume_command is not None)
-    if not found["deterministic"]:
-        b = found["before_kill"]
-        raise CannotJudge(f"the command does not repeat itself: its straight and stopped runs differ at step "
-                          f"{b['step']}, rank {b['rank']} ({verdict.NAMES[b['piece']]}), before any stop")
-    found["max_abs_dw"] = verdict.final_gap(out / "straight", out / "resumed", set(resumed))
-
-    def resumed_again(name, pieces, **settings):
-        """One more resumed run, from a copy of step K's checkpoint, with PIECES of the straight run put back."""
-        shutil.rmtree(out / "runs" / name, ignore_errors=True)
-        shutil.copytree(checkpoint_copy, out / "runs" / name, symlinks=True)
-        if "rng" in pieces:
-            settings["CERTIFY_RESTORE_RNG"] = out / "straight"
-        if "samples" in pieces:
-            settings["CERTIFY_REPLAY_INPUTS"] = out / "straight"
-        return run(name, resuming, name, CERTIFY_STEP_OFFSET=stop_after, CERTIFY_KEEP_FINAL=1,
-                   **settings)
-
-    if repair:
-        found["repair"] = repaired(found, straight, lambda pieces: resumed_again("repaired", pieces))
-    if control:
-        found["control"] = controlled(found, straight,
-                                      lambda pieces: resumed_again("control", pieces, CERTIFY_EMPTY_OPTIMIZER=1))
-    found.update(command=command, resume=resume, lose=lose, again=again,
-                 resume_command=shlex.join(resume_command) if resume_command else None)
-    verdict.write_atomic(out / "verdict.json", json.dumps(found, indent=1) + "\n")
-    verdict.write_atomic(out / "verdict.md", verdict.markdown(found, shlex.join(command), resume, lose))
-    verdict.write_atomic(out / "parting.svg", verdict.svg(found, straight, resumed))
-    return found
+    return {rank: {**first_leg.get(rank, {}), **rows} for rank, rows in resumed.items()}  # both legs' steps

@@ -109,97 +109,98 @@ class Recorder:
         self.saved = {name: getattr(os, name) for name in ("open", "close", "fsync", "replace", "rename", "unlink",
                                                            "mkdir", "rmdir")}
         self.saved_open, self.saved_rmtree = builtins.open, shutil.rmtree
-        real = self.saved
-
-        def open_(file, mode="r", *args, **kwargs):
-            rel = self.rel(file) if isinstance(file, (str, bytes, os.PathLike)) else None
-            if rel is None or self.quiet or not any(c in mode for c in "wax+"):
-                return self.saved_open(file, mode, *args, **kwargs)
-            existed = rel in self.names
-            f = self.saved_open(file, mode, *args, **kwargs)
-            if existed and "w" in mode:
-                self.add(Op("trunc", inode=self.names[rel]))
-            elif not existed:
-                self.names[rel] = inode = self.next_inode
-                self.next_inode += 1
-                self.add(Op("creat", path=rel, inode=inode))
-            self.fds[f.fileno()] = ("file", self.names[rel])
-            return _RecordedFile(self, f, self.names[rel])
-
-        def os_open(path, flags, *args, **kwargs):
-            fd = real["open"](path, flags, *args, **kwargs)
-            rel = self.rel(path)
-            if rel is not None and not self.quiet:
-                self.fds[fd] = ("dir", rel) if os.path.isdir(path) else ("file", self.names.get(rel, -1), rel)
-            return fd
-
-        def os_close(fd):
-            self.fds.pop(fd, None)
-            return real["close"](fd)
-
-        def fsync(fd):
-            real["fsync"](fd)
-            what = self.fds.get(fd)
-            if what and what[0] == "dir":
-                self.add(Op("fsync_dir", path=what[1]))
-            elif what:  # a file another rank made is known here by its name only (merged() finds its inode)
-                self.add(Op("fsync", inode=what[1], path=what[2] if len(what) > 2 and what[1] < 0 else ""))
-
-        def rename_as(name):
-            def rename(src, dst, *args, **kwargs):
-                real[name](src, dst, *args, **kwargs)
-                s, d = self.rel(src), self.rel(dst)
-                if s is not None and d is not None and not self.quiet:
-                    self.add(Op("rename", path=s, dest=d))
-                    moved = {k: v for k, v in self.names.items() if k == s or k.startswith(s + "/")}
-                    for k in [k for k in self.names if k == d or k.startswith(d + "/")]:
-                        del self.names[k]
-                    for k, v in moved.items():
-                        del self.names[k]
-                        self.names[d + k[len(s):]] = v
-            return rename
-
-        def unlink(path, *args, **kwargs):
-            real["unlink"](path, *args, **kwargs)
-            rel = self.rel(path) if not kwargs.get("dir_fd") else None
-            if rel is not None and not self.quiet:
-                self.add(Op("unlink", path=rel))
-                self.names.pop(rel, None)
-
-        def mkdir(path, *args, **kwargs):
-            real["mkdir"](path, *args, **kwargs)
-            rel = self.rel(path)
-            if rel is not None and not self.quiet:
-                self.add(Op("mkdir", path=rel))
-
-        def rmdir(path, *args, **kwargs):
-            real["rmdir"](path, *args, **kwargs)
-            rel = self.rel(path) if not kwargs.get("dir_fd") else None
-            if rel is not None and not self.quiet:
-                self.add(Op("rmdir", path=rel))
-
-        def rmtree(path, *args, **kwargs):
-            rel = self.rel(path)
-            if rel is not None and not self.quiet and os.path.isdir(path):
-                for top, dirs, files in os.walk(path, topdown=False):
-                    for f in files:
-                        unlink_rel = self.rel(os.path.join(top, f))
-                        self.add(Op("unlink", path=unlink_rel))
-                        self.names.pop(unlink_rel, None)
-                    self.add(Op("rmdir", path=self.rel(top)))
-            self.quiet += 1
-            try:
-                return self.saved_rmtree(path, *args, **kwargs)
-            finally:
-                self.quiet -= 1
-
-        builtins.open = io.open = open_
-        os.open, os.close, os.fsync = os_open, os_close, fsync
-        os.replace, os.rename = rename_as("replace"), rename_as("rename")
-        os.unlink = os.remove = unlink
-        os.mkdir, os.rmdir = mkdir, rmdir
-        shutil.rmtree = rmtree
+        builtins.open = io.open = self._open
+        os.open, os.close, os.fsync = self._os_open, self._os_close, self._fsync
+        os.replace, os.rename = self._rename_as("replace"), self._rename_as("rename")
+        os.unlink = os.remove = self._unlink
+        os.mkdir, os.rmdir = self._mkdir, self._rmdir
+        shutil.rmtree = self._rmtree
         return self
+
+    # each does the real call, then records what it did under the root (not inside rmtree, whose unlinks
+    # it records itself)
+
+    def _open(self, file, mode="r", *args, **kwargs):
+        rel = self.rel(file) if isinstance(file, (str, bytes, os.PathLike)) else None
+        if rel is None or self.quiet or not any(c in mode for c in "wax+"):
+            return self.saved_open(file, mode, *args, **kwargs)
+        existed = rel in self.names
+        f = self.saved_open(file, mode, *args, **kwargs)
+        if existed and "w" in mode:
+            self.add(Op("trunc", inode=self.names[rel]))
+        elif not existed:
+            self.names[rel] = inode = self.next_inode
+            self.next_inode += 1
+            self.add(Op("creat", path=rel, inode=inode))
+        self.fds[f.fileno()] = ("file", self.names[rel])
+        return _RecordedFile(self, f, self.names[rel])
+
+    def _os_open(self, path, flags, *args, **kwargs):
+        fd = self.saved["open"](path, flags, *args, **kwargs)
+        rel = self.rel(path)
+        if rel is not None and not self.quiet:
+            self.fds[fd] = ("dir", rel) if os.path.isdir(path) else ("file", self.names.get(rel, -1), rel)
+        return fd
+
+    def _os_close(self, fd):
+        self.fds.pop(fd, None)
+        return self.saved["close"](fd)
+
+    def _fsync(self, fd):
+        self.saved["fsync"](fd)
+        what = self.fds.get(fd)
+        if what and what[0] == "dir":
+            self.add(Op("fsync_dir", path=what[1]))
+        elif what:  # a file another rank made is known here by its name only (merged() finds its inode)
+            self.add(Op("fsync", inode=what[1], path=what[2] if len(what) > 2 and what[1] < 0 else ""))
+
+    def _rename_as(self, name):
+        def rename(src, dst, *args, **kwargs):
+            self.saved[name](src, dst, *args, **kwargs)
+            s, d = self.rel(src), self.rel(dst)
+            if s is not None and d is not None and not self.quiet:
+                self.add(Op("rename", path=s, dest=d))
+                moved = {k: v for k, v in self.names.items() if k == s or k.startswith(s + "/")}
+                for k in [k for k in self.names if k == d or k.startswith(d + "/")]:
+                    del self.names[k]
+                for k, v in moved.items():
+                    del self.names[k]
+                    self.names[d + k[len(s):]] = v
+        return rename
+
+    def _unlink(self, path, *args, **kwargs):
+        self.saved["unlink"](path, *args, **kwargs)
+        rel = self.rel(path) if not kwargs.get("dir_fd") else None
+        if rel is not None and not self.quiet:
+            self.add(Op("unlink", path=rel))
+            self.names.pop(rel, None)
+
+    def _mkdir(self, path, *args, **kwargs):
+        self.saved["mkdir"](path, *args, **kwargs)
+        rel = self.rel(path)
+        if rel is not None and not self.quiet:
+            self.add(Op("mkdir", path=rel))
+
+    def _rmdir(self, path, *args, **kwargs):
+        self.saved["rmdir"](path, *args, **kwargs)
+        rel = self.rel(path) if not kwargs.get("dir_fd") else None
+        if rel is not None and not self.quiet:
+            self.add(Op("rmdir", path=rel))
+
+    def _rmtree(self, path, *args, **kwargs):
+        rel = self.rel(path)
+        if rel is not None and not self.quiet and os.path.isdir(path):
+            for top, dirs, files in os.walk(path, topdown=False):
+                for f in files:
+                    unlink_rel = self.rel(os.path.join(top, f))
+                    self.add(Op("unlink", path=unlink_rel))
+                    self.names.pop(unlink_rel, None)
+                self.add(Op("rmdir", path=self.rel(top)))
+        self.quiet += 1
+        try:
+            return self.saved_rmtree(path, *args, **kwargs)
+        finally:
+            self.quiet -= 1
 
     def __exit__(self, *exc):
         builtins.open = io.open = self.saved_open

@@ -114,12 +114,13 @@ def g(x: float) -> str:
 def render(env: dict, optim: dict, halves: dict, divergence: list[dict], log_match: tuple[int, int],
            plots: dict) -> str:
     rows = {r["variant"]: r for r in divergence}
-    resumed = rows["resumed"]
-    fp16, bf16 = halves["fp16"], halves["bf16"]
-    same, total = log_match
+    return "\n".join(overview(env) + what_is_saved(env, optim, halves["fp16"], rows["resumed"], log_match)
+                     + left_out(env, rows, plots) + half_precision(halves["fp16"], halves["bf16"]))
+
+
+def overview(env: dict) -> list:
     path = training_path(env)  # MiniMind's own loop, where the run uses it
-    weight_ratio = optim["resume_bytes"] / fp16["fp32_bytes"]
-    lines = [
+    return [
         "# 중단 후 재개는 한 번에 학습한 것과 같은가 — 재개 파일에 무엇을 넣나",
         "",
         f"{ARCH_NAMES[env['model']['arch']]} 구조 ({env['params']:,} 매개변수: hidden {env['model']['hidden_size']}, "
@@ -135,6 +136,13 @@ def render(env: dict, optim: dict, halves: dict, divergence: list[dict], log_mat
         f"학습 시간: 학습 작업 {env['jobs']}개의 합계 {env['train_seconds']:.1f}초 "
         f"(가장 긴 작업 {env['longest_job']}: {env['longest_seconds']:.1f}초).",
         "",
+    ]
+
+
+def what_is_saved(env: dict, optim: dict, fp16: dict, resumed: dict, log_match: tuple[int, int]) -> list:
+    same, total = log_match
+    weight_ratio = optim["resume_bytes"] / fp16["fp32_bytes"]
+    return [
         "## 무엇을 저장하나",
         "",
         "재개 파일 `resume.pth`에는 다음 스텝이 의존하는 모든 것이 들어 있다: 가중치(`model`, fp32), "
@@ -155,6 +163,11 @@ def render(env: dict, optim: dict, halves: dict, divergence: list[dict], log_mat
         f"배율 **{optim['ratio']:.2f}**. 그래서 재개 파일({optim['resume_bytes']:,} 바이트)은 "
         f"가중치 파일({fp16['fp32_bytes']:,} 바이트)의 {weight_ratio:.2f}배다.",
         "",
+    ]
+
+
+def left_out(env: dict, rows: dict, plots: dict) -> list:
+    lines = [
         "## 빠뜨리면",
         "",
         "재개 파일에서 한 가지만 버리거나 망가뜨리고 이어서 학습하면, 오류 없이 다른 모델이 나온다. "
@@ -182,7 +195,11 @@ def render(env: dict, optim: dict, halves: dict, divergence: list[dict], log_mat
         "",
         f"![중단 이후 straight와의 손실 차 (로그 축)]({plots['gap']})",
     ]
-    lines += [
+    return lines
+
+
+def half_precision(fp16: dict, bf16: dict) -> list:
+    return [
         "",
         "## 반정밀도",
         "",
@@ -208,9 +225,6 @@ def render(env: dict, optim: dict, halves: dict, divergence: list[dict], log_mat
         "반정밀도 가중치에서 재개하면(halfresume) 비트 단위 일치가 깨지므로 두 파일을 따로 둔다.",
         "",
     ]
-    return "\n".join(lines)
-
-
 
 
 def render_dist(rows: list[dict] | None, stop_at: int) -> str:

@@ -107,10 +107,9 @@ def train(cfg: RunConfig, device, live: TrainingState, plan: StepPlan, last_step
     rank trains on its slices of a batch (ranks.micro_batches), accumulating their gradients; loss is the
     mean over all micro-batches and slices, the same number on every rank.
 
-    A non-finite loss or gradient norm stops the run (NonFiniteError), or with nonfinite: skip leaves the
-    weights and AdamW untouched for that step (skipped=True). Under fp16 the GradScaler skips a step whose
-    scaled gradients overflowed, and it counts as skipped too. schedule_offset > 0 reproduces a known bug
-    (the LR schedule counted from 0 again on resume, in micro-batches): only the nosched ablation sets it.
+    update() then takes the optimizer step, or skips it (a non-finite loss, an fp16 overflow), counted in
+    live.skipped_steps. schedule_offset > 0 reproduces a known bug (the LR schedule counted from 0 again on
+    resume, in micro-batches): only the nosched ablation sets it.
     """
     model, optimizer, scaler, ranks, batches = live.model, live.optimizer, live.scaler, live.ranks, iter(live.batches)
     model.train()
@@ -134,34 +133,39 @@ def train(cfg: RunConfig, device, live: TrainingState, plan: StepPlan, last_step
                 (scaler.scale(scaled) if scaler else scaled).backward()
                 loss += micro_loss.item() / ranks.slices / len(micro_steps)
         loss = ranks.sum(loss)
-        if scaler:
-            scaler.unscale_(optimizer)
-        grad_norm = total_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP))
-        overflow = scaler is not None and not math.isfinite(grad_norm)  # the scaler's to handle
-        finite = math.isfinite(loss) and (math.isfinite(grad_norm) or overflow)
-        if not finite and cfg.nonfinite == "stop":
-            raise NonFiniteError(f"step {step}: loss {loss}, gradient norm {grad_norm}"
-                                 f"{first_nonfinite_grad(model)}; stopped before the update, nothing written")
-        if scaler:
-            if finite:
-                scaler.step(optimizer)  # skips the update when unscale_ found an overflow
-            scaler.update()
-        elif finite:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        skipped = not finite or overflow
+        skipped = update(cfg, step, loss, model, optimizer, scaler)
         ms = (time.perf_counter() - t0) * 1000
-        note = ""
-        if not finite:
-            note = "  skipped: non-finite"
-        elif overflow:
-            note = f"  skipped: fp16 overflow, loss scale now {scaler.get_scale():g}"
         if ranks.main:
-            print(f"step {step:>4}/{cfg.steps}  loss {loss:.6f}  lr {lr:.3e}  {ms:.0f} ms{note}", file=sys.stderr,
-                  flush=True)
-        live.step, live.skipped_steps = step, live.skipped_steps + skipped
+            print(f"step {step:>4}/{cfg.steps}  loss {loss:.6f}  lr {lr:.3e}  {ms:.0f} ms"
+                  + (f"  skipped: {skipped}" if skipped else ""), file=sys.stderr, flush=True)
+        live.step, live.skipped_steps = step, live.skipped_steps + (skipped is not None)
         live.loss_log.append((step, loss))
         yield step
+
+
+def update(cfg: RunConfig, step: int, loss: float, model, optimizer, scaler) -> str | None:
+    """The optimizer step on the gradients accumulated, clipped; returns why it was skipped (None: taken).
+
+    A non-finite loss or gradient norm stops the run (NonFiniteError), or with nonfinite: skip leaves the
+    weights and AdamW untouched. Under fp16 the GradScaler skips a step whose scaled gradients overflowed."""
+    if scaler:
+        scaler.unscale_(optimizer)
+    grad_norm = total_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP))
+    overflow = scaler is not None and not math.isfinite(grad_norm)  # the scaler's to handle
+    finite = math.isfinite(loss) and (math.isfinite(grad_norm) or overflow)
+    if not finite and cfg.nonfinite == "stop":
+        raise NonFiniteError(f"step {step}: loss {loss}, gradient norm {grad_norm}"
+                             f"{first_nonfinite_grad(model)}; stopped before the update, nothing written")
+    if scaler:
+        if finite:
+            scaler.step(optimizer)  # skips the update when unscale_ found an overflow
+        scaler.update()
+    elif finite:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if not finite:
+        return "non-finite"
+    return f"fp16 overflow, loss scale now {scaler.get_scale():g}" if overflow else None
 
 
 def total_norm(norm) -> float:
