@@ -155,6 +155,7 @@ rule report:
         fp16=rules.fp16.output.json,
         bf16=rules.bf16.output.json,
         optim=rules.optim.output.json,
+        entries=rules.optim.output.entries,
         straight_log=rules.straight.output.log,
         resumed_log=rules.resumed.output.log,
         plots=rules.plots.output,
@@ -176,6 +177,7 @@ rule report:
     shell:
         "python {input.script} --resume {input.resume}"
         " --divergence {input.divergence} --fp16 {input.fp16} --bf16 {input.bf16} --optim {input.optim}"
+        " --entries {input.entries}"
         " --straight-log {input.straight_log} --resumed-log {input.resumed_log}"
         " --plots {input.plots} --timing {input.timing} {params.dist}"
         " --out {output.report} --summary {output.summary} 2> {log}"

@@ -45,8 +45,10 @@ def entries_table(state: dict, path) -> str:
             "(`ENTRIES`, `mmkit/resume.py`):", "",
             "| entry | tensor elements | sealed by a sha256 | what it is |", "|---|---|---|---|"]
     for e in ENTRIES:
-        # a tied tensor (lm_head.weight, the embedding) is one storage in the file: counted once
-        elements = sum({(t.data_ptr(), t.numel()): t.numel() for t in store.tensors(state[e.name])}.values())
+        # as --json counts them: a tied tensor (lm_head.weight, the embedding) is one storage in the file,
+        # counted once; AdamW's 0-dim step counters are not counted
+        elements = sum({(t.data_ptr(), t.numel()): t.numel() for t in store.tensors(state[e.name])
+                        if t.dim() >= 1}.values())
         rows.append(f"| `{e.name}` | {f'{elements:,}' if elements else '—'} | {'yes' if e.sealed else 'no'} | "
                     f"{e.about} |")
     return "\n".join(rows) + "\n"

@@ -19,6 +19,7 @@ def main():
     p.add_argument("--fp16", required=True)
     p.add_argument("--bf16", required=True)
     p.add_argument("--optim", required=True)
+    p.add_argument("--entries", required=True, help="resume_entries.md: the resume table, entry by entry")
     p.add_argument("--straight-log", required=True)
     p.add_argument("--resumed-log", required=True)
     p.add_argument("--plots", nargs=2, required=True, metavar=("LOSS_PNG", "GAP_PNG"))
@@ -51,7 +52,8 @@ def main():
     # the report links its pictures relative to itself, so the results folder can move as a whole
     plots = {k: os.path.relpath(v, Path(args.out).parent) for k, v in zip(("loss", "gap"), args.plots)}
     dist = read_divergence(args.dist) if args.dist else None
-    write_text_atomic(args.out, render(env, optim, halves, divergence, log_match, plots)
+    entries = [line for line in Path(args.entries).read_text().splitlines() if line.startswith("|")]
+    write_text_atomic(args.out, render(env, optim, halves, divergence, log_match, plots, entries)
                       + render_dist(dist, resume["step"]))
     write_text_atomic(args.summary, summary_table(env, optim, halves["fp16"], divergence))
 

@@ -112,9 +112,10 @@ def g(x: float) -> str:
 
 
 def render(env: dict, optim: dict, halves: dict, divergence: list[dict], log_match: tuple[int, int],
-           plots: dict) -> str:
+           plots: dict, entries: list) -> str:
+    """report.md; ENTRIES: the table of the resume file's entries (resume_entries.md, from the resume table)."""
     rows = {r["variant"]: r for r in divergence}
-    return "\n".join(overview(env) + what_is_saved(env, optim, halves["fp16"], rows["resumed"], log_match)
+    return "\n".join(overview(env) + what_is_saved(optim, halves["fp16"], rows["resumed"], log_match, entries)
                      + left_out(env, rows, plots) + half_precision(halves["fp16"], halves["bf16"]))
 
 
@@ -139,21 +140,21 @@ def overview(env: dict) -> list:
     ]
 
 
-def what_is_saved(env: dict, optim: dict, fp16: dict, resumed: dict, log_match: tuple[int, int]) -> list:
+def what_is_saved(optim: dict, fp16: dict, resumed: dict, log_match: tuple[int, int], entries: list) -> list:
     same, total = log_match
     weight_ratio = optim["resume_bytes"] / fp16["fp32_bytes"]
     return [
         "## 무엇을 저장하나",
         "",
-        "재개 파일 `resume.pth`에는 다음 스텝이 의존하는 모든 것이 들어 있다: 가중치(`model`, fp32), "
-        "AdamW 상태(`optimizer`: 매개변수마다 exp_avg·exp_avg_sq와 step), 스텝 번호(`step`, 학습률은 "
-        "전체 스텝 기준으로 이어서 계산), 배치 생성기 상태(`gen_state`, 다음에 뽑을 배치)와 데이터 위치"
-        "(`data_position`: 에포크와 그 안에서 읽은 배치 수), 전역 난수 상태(`rng_state`, 드롭아웃), "
-        "fp16의 손실 배율(`scaler`), 그리고 "
-        "비트 단위 일치에 필요한 설정의 지문(`fingerprint`: torch 버전, 스레드 수, 장치, 모델 크기 등), "
-        "NaN/Inf로 건너뛴 갱신 수(`skipped_steps`), 항목마다 저장 시점의 sha256(`digests`). 재개하기 전에 "
-        "모든 항목의 형식·모양·dtype·범위·유한성을 이 실행이 만든 모델과 옵티마이저에 맞춰 검사한다. "
-        "`resume.pth.tmp`에 모두 쓰고 fsync한 뒤 `os.replace`로 이름을 바꾸므로, 저장 중에 죽어도 "
+        "재개 파일 `resume.pth`에는 다음 스텝이 의존하는 모든 것이 들어 있다. 아래 표는 재개 표"
+        "(`mmkit/resume.py`의 `ENTRIES`)와 이 실행의 `resume.pth`에서 생성했다(`resume_entries.md`). "
+        "`fingerprint`는 비트 단위 일치에 필요한 설정의 지문(torch 버전, 스레드 수, 장치, 모델 크기 등)이고, "
+        "`digests`에는 항목마다 저장 시점의 sha256이 들어 있다.",
+        "",
+        *entries,
+        "",
+        "재개하기 전에 모든 항목의 형식·모양·dtype·범위·유한성을 이 실행이 만든 모델과 옵티마이저에 맞춰 "
+        "검사한다. `resume.pth.tmp`에 모두 쓰고 fsync한 뒤 `os.replace`로 이름을 바꾸므로, 저장 중에 죽어도 "
         "온전한 파일이 남는다.",
         "",
         f"- 새 프로세스에서 재개한 `resumed.pth`와 `straight.pth`: 최대 |차이| = {g(resumed['max_abs_dweight'])}, "
