@@ -145,8 +145,10 @@ def test_naming_only_one_token_file_is_refused(fresh, pipeline):
 @pytest.mark.parametrize("preset, millions", [("minimind2-small", 25.8), ("minimind3-small", 63.9)])
 def test_the_size_presets_are_the_real_sizes(fresh, preset, millions):
     """MiniMind2-small as published (25.8M), MiniMind-3's dense model (published as 64M; 63,912,192 by the
-    upstream MiniMindConfig's defaults)."""
-    from mmkit.config import load_config, model_config
+    upstream MiniMindConfig's defaults). And the count a cluster's memory request is sized by, computed from
+    the dims without torch (mmkit.config.parameter_count), is the built model's: catches the two drifting
+    apart for either architecture."""
+    from mmkit.config import load_config, model_config, parameter_count
     from mmkit.model import MiniMindForCausalLM
 
     merged = yaml.safe_load((REPO / "config.yaml").read_text())
@@ -155,5 +157,6 @@ def test_the_size_presets_are_the_real_sizes(fresh, preset, millions):
     (fresh / "merged.yaml").write_text(yaml.safe_dump(merged))
     params = MiniMindForCausalLM(model_config(load_config(fresh / "merged.yaml"))).num_parameters()
     assert round(params / 1e6, 1) == millions
+    assert parameter_count(merged["model"]) == params
     plan = planned_jobs(snakemake(fresh, "-n", configfiles=("config.yaml", f"presets/{preset}.yaml")))
     assert plan["straight"] == 1

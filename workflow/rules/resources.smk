@@ -1,24 +1,6 @@
 # What each job asks a cluster for (profiles/slurm); a local run only counts threads.
 
-import math
-
-
-def model_parameters(m):
-    """MiniMind's parameter count from its dims (embedding tied to lm_head). Checked by hand against the
-    model's own count: 4,458,752 at the defaults, 25,829,888 for MiniMind2-small, 131,392 for the tests'.
-    """
-    h, heads, kv_heads = (
-        m["hidden_size"],
-        m["num_attention_heads"],
-        m["num_key_value_heads"],
-    )
-    kv = h // heads * kv_heads
-    v3 = m["arch"] == "minimind3"  # a wider MLP, and a q and a k norm of head_dim
-    inter = 64 * math.ceil(h * math.pi / 64) if v3 else 64 * -(-int(h * 8 / 3) // 64)
-    layer = (
-        2 * h * h + 2 * h * kv + 3 * h * inter + 2 * h + v3 * 2 * (h // heads)
-    )  # q, o; k, v; the MLP; two norms; q_norm, k_norm
-    return m["vocab_size"] * h + m["num_hidden_layers"] * layer + h
+from mmkit.config import parameter_count  # without torch: the DAG is parsed without it
 
 
 def training_mem_mb(cfg):
@@ -35,7 +17,7 @@ def training_mem_mb(cfg):
         * tokens
         * (40 * m["hidden_size"] * m["num_hidden_layers"] + 4 * m["vocab_size"])
     )
-    total = 400 + (28 * model_parameters(m) + activations) / 2**20
+    total = 400 + (28 * parameter_count(m) + activations) / 2**20
     return int(-(-total // 100) * 100)
 
 
@@ -44,7 +26,7 @@ def training_runtime_min(cfg):
     per thread, twice over, plus 10 minutes for starting, evaluating and saving."""
     flops = (
         6
-        * model_parameters(cfg["model"])
+        * parameter_count(cfg["model"])
         * cfg["batch_size"]
         * cfg["seq_len"]
         * cfg["steps"]

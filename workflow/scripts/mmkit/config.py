@@ -75,6 +75,19 @@ class Settings:
         return sorted(self._read)
 
 
+def parameter_count(model: dict) -> int:
+    """MiniMind's parameter count from the config's model section, without building it (the DAG is parsed
+    without torch, for what each job asks a cluster for): the embedding, tied to lm_head; per layer q and o,
+    k and v, the MLP, two norms, and MiniMind-3's q and k norms of head_dim; the final norm. A test holds it
+    to the built model's own count for both architectures."""
+    h, heads, kv_heads = model["hidden_size"], model["num_attention_heads"], model["num_key_value_heads"]
+    kv = h // heads * kv_heads
+    v3 = model["arch"] == "minimind3"  # a wider MLP, and a q and a k norm of head_dim
+    inter = 64 * math.ceil(h * math.pi / 64) if v3 else 64 * -(-int(h * 8 / 3) // 64)
+    layer = 2 * h * h + 2 * h * kv + 3 * h * inter + 2 * h + v3 * 2 * (h // heads)
+    return model["vocab_size"] * h + model["num_hidden_layers"] * layer + h
+
+
 def leaf_keys(cfg: dict, prefix: str = "") -> list[str]:
     """Dotted names of every value in a nested config: model.vocab_size, data.corpus, seed, ..."""
     keys = []
