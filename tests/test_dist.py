@@ -470,7 +470,7 @@ def test_the_reports_section_on_ranks_reads_its_numbers_from_dist(dist, pipeline
     p = pipeline
     proc = run_script("report.py", "--resume", p / "resume.pth", "--divergence", p / "divergence.csv",
                       "--fp16", p / "fp16.json", "--bf16", p / "bf16.json", "--optim", p / "optim.json",
-                      "--straight-log", p / "straight_log.csv", "--resumed-log", p / "resumed_log.csv",
+                      "--entries", p / "resume_entries.md", "--straight-log", p / "straight_log.csv", "--resumed-log", p / "resumed_log.csv",
                       "--plots", p / "plots" / "loss.png", p / "plots" / "loss_gap.png",
                       "--timing", *sorted((p / "timing").glob("*.json")), "--dist", dist / "divergence.csv",
                       "--out", tmp_path / "report.md", "--summary", tmp_path / "summary.md")
