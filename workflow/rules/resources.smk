@@ -42,7 +42,6 @@ def training_resources(world_size):
     }
 
 
-TRAINING_RESOURCES = training_resources(config["parallel"]["world_size"])
 # evaluation, export, plots and text: one thread, the model once, a few minutes at most
 ANALYSIS_RESOURCES = {
     "cpus_per_task": 1,

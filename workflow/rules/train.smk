@@ -22,9 +22,8 @@ class TrainingJob(NamedTuple):
 
 
 WORLD_SIZE = config["parallel"]["world_size"]
-RESUME = (
-    f"{OUT}/resume.pth"  # the resume file: the weights and all a resume needs besides
-)
+# the resume file: the weights and all a resume needs besides
+RESUME = f"{OUT}/resume.pth"
 TRAINING_JOBS = {
     "straight": TrainingJob(OUT, "straight", "straight", WORLD_SIZE),
     "resume": TrainingJob(OUT, "resume", "resume", WORLD_SIZE, "--stop-at"),

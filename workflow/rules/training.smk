@@ -4,6 +4,10 @@
 
 
 for name, job in TRAINING_JOBS.items():
+    job_weights = job.out or f"{job.folder}/{job.stem}.pth"
+    job_arguments = " ".join(
+        filter(None, [job.flags, job.resume and f"--resume {job.resume}"])
+    )
 
     rule:
         name:
@@ -16,9 +20,7 @@ for name, job in TRAINING_JOBS.items():
             settings=settings(job.settings),
         output:
             weights=(
-                directory(job.out)
-                if job.out and job.out.endswith(".dcp")
-                else job.out or f"{job.folder}/{job.stem}.pth"
+                directory(job_weights) if job_weights.endswith(".dcp") else job_weights
             ),
             log=f"{job.folder}/{job.stem}_log.csv",
             timing=f"{job.folder}/timing/{job.stem}.json",
@@ -32,10 +34,7 @@ for name, job in TRAINING_JOBS.items():
         params:
             launch=launch(job.ranks),
             checkpoints=checkpoint_dir,
-            flags=" ".join(
-                [job.flags] * bool(job.flags)
-                + [f"--resume {job.resume}"] * bool(job.resume)
-            ),
+            flags=job_arguments,
         shell:
             "{params.launch} {input.script} --config {input.settings}"
             f" {TRAIN_DATA_ARGS} {{params.flags}} --out {{output.weights}} --loss-log {{output.log}}"
