@@ -2,7 +2,8 @@
 
 It imports nothing heavy: once the process itself imports torch, the recorder's hooks are registered (a
 launcher that never trains, such as torchrun's agent, writes nothing). Then it hands over to whichever
-sitecustomize the process would have loaded without certify.
+sitecustomize the process would have loaded without certify. Nothing here may break the process: a recorder
+that cannot install says so on stderr and in the certificate folder, and the program runs on unrecorded.
 """
 
 import importlib.abc
@@ -14,30 +15,58 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class _AfterTorch(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: wraps the loader of `torch` so that the recorder installs once torch is loaded."""
+    """Finds nothing itself: wraps the loader of every spec of `torch` looked up until one is executed.
+
+    A lookup is not an import: `importlib.util.find_spec("torch")` (transformers' and datasets' check that
+    torch is there) returns a spec nobody executes, and the import after it gets a fresh one. So the finder
+    stays on sys.meta_path, wrapping each spec, until the first wrapped loader actually runs torch."""
+
+    def __init__(self):
+        self.looking = False
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch":
+        if name != "torch" or self.looking:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
+        self.looking = True  # the lookup below asks sys.meta_path again, this finder included
+        try:
+            spec = importlib.util.find_spec("torch")
+        finally:
+            self.looking = False
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
 
         def exec_and_record(module):
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             exec_module(module)
-            sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))  # the folder holding certkit
-            try:
-                from certkit import recorder
-            finally:
-                sys.path.pop(0)
-            found = recorder.from_environment()
-            if found is not None:
-                found.install()
+            _install()
 
         spec.loader.exec_module = exec_and_record
         return spec
+
+
+def _install() -> None:
+    """The recorder's hooks registered; any failure reported, never raised into the program."""
+    try:
+        holder = os.path.dirname(os.path.dirname(_HERE))  # the folder holding certkit
+        sys.path.insert(0, holder)
+        try:
+            from certkit import recorder
+        finally:
+            sys.path.remove(holder)
+        found = recorder.from_environment()
+        if found is not None:
+            found.install()
+    except Exception as e:  # noqa: BLE001  (whatever it is, the program must go on)
+        print(f"certify: not recorded: the recorder did not install ({type(e).__name__}: {e})", file=sys.stderr)
+        try:
+            folder = os.environ["CERTIFY_RECORD"]
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, f"notes.{os.getpid()}.txt"), "a") as f:
+                f.write(f"the recorder did not install ({type(e).__name__}: {e})\n")
+        except OSError:
+            pass
 
 
 def _chain() -> None:
