@@ -278,6 +278,19 @@ def test_stop_outside_the_run_is_refused(tiny_run, tmp_path, stop_at):
     assert_refused(proc, "nothing to train", out=tmp_path / "o.pth")
 
 
+def test_a_checkpoint_dir_that_is_a_dangling_symlink_is_refused_before_the_first_step(tmp_path):
+    """Catches: a --checkpoint-dir that is a symlink to nothing taken for a folder still to make: the job trained
+    up to its first checkpoint (step 4), then died on a FileExistsError traceback."""
+    config = write_config(tmp_path, "c.yaml", checkpoint={"every": 4})
+    np.save(tmp_path / "tokens.npy", np.arange(1000, dtype=np.uint16) % 512)
+    (tmp_path / "checkpoints").symlink_to(tmp_path / "gone")
+    proc = run_script("run.py", "--config", config, "--tokens", tmp_path / "tokens.npy", "--out", tmp_path / "o.pth",
+                      "--checkpoint-dir", tmp_path / "checkpoints")
+    assert_refused(proc, "--checkpoint-dir", "gone", out=tmp_path / "o.pth")
+    assert not any(line.startswith("step ") for line in proc.stderr.splitlines())
+    assert (tmp_path / "checkpoints").is_symlink() and not (tmp_path / "gone").exists()
+
+
 # --- every range check, at its boundary from both sides ------------------------------------------
 
 

@@ -40,6 +40,14 @@ class CheckpointDir:
         self.path, self.cfg = Path(path), cfg
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"--checkpoint-dir {path} is a file, not a folder")
+        for folder in (self.path, *self.path.parents):  # made at the first save: refused now, not steps later
+            if folder.is_symlink() and not folder.exists():
+                raise UserError(f"--checkpoint-dir {path}: {folder} is a symlink to {folder.readlink()}, which does "
+                                "not exist")
+            if folder.exists():
+                if not folder.is_dir():
+                    raise UserError(f"--checkpoint-dir {path}: {folder} is a file, not a folder")
+                break
         # the checkpoints auto-resume skipped (another run's, or damaged): never counted among the newest
         # `keep`, which are this run's own; they go once this run has committed a checkpoint of its own
         self.rejected: list[Path] = []
