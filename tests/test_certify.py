@@ -23,10 +23,10 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 ENV = {**clean_env(), "OMP_NUM_THREADS": "1"}
 
 
-def certify(out, stop_after, command, resume="", *options):
-    proc = subprocess.run([*CERTIFY, "--out", str(out), "--stop-after", str(stop_after), "--resume", resume,
+def certify(out, stop_after, command, resume="", *options, cwd=None):
+    proc = subprocess.run([*CERTIFY, "--out", str(out), "--stop-after", str(stop_after), f"--resume={resume}",
                            *options, "--", *map(str, command)], capture_output=True, text=True, env=ENV,
-                          timeout=600)
+                          timeout=600, cwd=cwd)
     verdict = json.loads((out / "verdict.json").read_text()) if (out / "verdict.json").exists() else None
     return proc, verdict
 
@@ -231,8 +231,108 @@ def test_bad_input_is_one_line_and_exit_2_and_leaves_no_process(tmp_path, case):
     }[case]
     proc, verdict = certify(tmp_path / "out", stop, command, resume)
     lines = proc.stderr.splitlines()
-    assert proc.returncode == 2 and lines and lines[0].startswith("certify: ") and says in lines[0], proc.stderr
-    assert "Traceback" not in lines[0] and verdict is None
+    said = [i for i, line in enumerate(lines) if line.startswith("certify: ")]  # before it: progress, [certify] ...
+    assert proc.returncode == 2 and len(said) == 1 and says in lines[said[0]], proc.stderr
+    assert all(line.startswith("[certify] ") for line in lines[:said[0]]) and verdict is None
     assert not (tmp_path / "out" / "verdict.md").exists()
     processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(tmp_path / "out") not in processes and marker not in processes
+
+
+# --- programs written as other people write them (tests/programs): what certify must get right on them -------
+
+PROGRAMS = REPO / "tests" / "programs"
+
+
+def rows_of(certificate) -> list:
+    return [json.loads(line) for line in (certificate / "rank0.jsonl").read_text().splitlines()]
+
+
+def test_a_process_that_looks_torch_up_before_importing_it_is_recorded(tmp_path):
+    """Catches: a recorder that installs only when torch is imported first. `import transformers` (and
+    datasets) call importlib.util.find_spec("torch") before the real import: a finder that gave up on that
+    lookup left every Hugging Face-style script unrecorded ("the command made no optimizer step")."""
+    script = ("import transformers\nimport torch\nnet = torch.nn.Linear(2, 1)\n"
+              "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nfor _ in range(3):\n"
+              "    net(torch.ones(1, 2)).sum().backward(); opt.step(); opt.zero_grad()\n")
+    env = {**ENV, "PYTHONPATH": str(SCRIPTS / "certkit" / "site"), "CERTIFY_RECORD": str(tmp_path / "c")}
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True, timeout=300)
+    assert (tmp_path / "c" / "rank0.jsonl").exists(), "no certificate: the process ran unrecorded"
+    assert [row["step"] for row in rows_of(tmp_path / "c")] == [1, 2, 3]
+
+
+def test_a_forward_on_the_meta_device_runs_to_its_end_unrecorded_and_the_resume_is_exact(tmp_path):
+    """Catches: a recorder that reads a meta tensor's bytes (the program dies: "Cannot copy out of meta tensor"),
+    an error inside a hook raised into the program, or the FLOP counter's meta forward counted as a sample
+    (the resumed run's first step would then differ from the straight run's in samples)."""
+    command = [sys.executable, PROGRAMS / "litgpt_style.py", "--out_dir", "{run}", "--max_steps", "8"]
+    proc, verdict = certify(tmp_path, 4, command, "--resume {run}/step-{step}/lit_model.pth")
+    assert proc.returncode == 0 and verdict["exact"], proc.stderr[-2000:]
+    assert "Measured TFLOPs" in (tmp_path / "straight.log").read_text()
+    assert any("meta" in note for note in verdict["not_recorded"]["straight"])
+    final = final_checkpoint(tmp_path, "final.pth")
+    assert_same_state_dict(final["straight"], final["resumed"])
+
+
+def test_weights_restored_from_fp16_are_named_the_parameters_the_step_starts_from(tmp_path):
+    """Catches: a lossy weight restore named by its consequence (the gradients of step K + 1) because the
+    parameters are digested only after the update; a recorder that does not read them before the step."""
+    command = [sys.executable, PROGRAMS / "litgpt_style.py", "--out_dir", "{run}", "--max_steps", "6",
+               "--save_dtype", "float16"]
+    proc, verdict = certify(tmp_path, 3, command, "--resume {run}/step-{step}/lit_model.pth")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    first = verdict["first"]
+    assert (first["step"], first["rank"], first["piece"]) == (4, 0, "params_in")
+    # the file the resume read holds the weights as fp16 (the same script saving fp32 is exact: the test above)
+    state = torch.load(tmp_path / "runs" / "resumed" / "step-3" / "lit_model.pth", weights_only=True)["model"]
+    assert {v.dtype for v in state.values()} == {torch.float16}
+    assert "samples" not in first["pieces"]["0"]
+
+
+def test_an_auto_resume_from_a_checkpoint_older_than_k_names_its_real_start_and_the_steps_redone(tmp_path):
+    """Catches: the resumed run's steps labelled from K when it resumed from an older checkpoint (its step 5
+    compared with the straight run's step 6: not exact, samples), a real start not reported. The program
+    saves every 2 steps and resumes by itself from its newest checkpoint: killed before step 6's update, its
+    newest is step 4's (its own log says which file it resumed from)."""
+    command = [sys.executable, PROGRAMS / "epochs_autoresume.py", "{run}", "--save_steps", "2"]
+    proc, verdict = certify(tmp_path, 5, command)
+    assert "resumed from" in (tmp_path / "resumed.log").read_text()
+    assert (tmp_path / "resumed.log").read_text().strip().endswith("ckpt_4.pt")
+    assert proc.returncode == 0 and verdict["exact"], proc.stderr[-2000:]
+    assert verdict["resumed_from"] == 4 and verdict["steps"]["resumed"] == {"0": [5, 12]}
+    assert [r["step"] for r in rows_of(tmp_path / "resumed")] == list(range(6, 14))  # as recorded, from K
+    assert "resumed from step 4's state, not 5's: 1 step redone" in proc.stdout
+    final = final_checkpoint(tmp_path, "model_final.pt")
+    assert_same_state_dict(final["straight"], final["resumed"])
+
+
+def test_an_rng_draw_nothing_uses_is_a_warning_not_a_difference_and_the_control_beside_it_is_caught(tmp_path):
+    """Catches: "not exact" when nothing that was trained differs (the headline contradicting max |Δw| = 0),
+    and a negative control masked by that RNG difference coming first in causal order. The program's
+    DataLoader draws each epoch's base seed from the global RNG, which its resume does not restore: resumed
+    at an epoch's end, the straight run has drawn twice by step 5, the resumed run once."""
+    command = [sys.executable, PROGRAMS / "epochs_autoresume.py", "{run}"]
+    proc, verdict = certify(tmp_path, 4, command, "", "--control")
+    assert proc.returncode == 0 and verdict["exact"] and verdict["max_abs_dw"] == 0.0, proc.stderr[-2000:]
+    warning = verdict["rng_warning"]
+    assert warning["step"] == 5 and warning["pieces"]["0"] == ["rng_torch"]
+    assert "Warning: from step 5" in (tmp_path / "verdict.md").read_text()
+    final = final_checkpoint(tmp_path, "model_final.pt")
+    assert_same_state_dict(final["straight"], final["resumed"])
+    control = verdict["control"]
+    assert control["caught"] and control["first"]["step"] == 5
+    assert control["first"]["pieces"]["0"] == ["rng_torch", "optimizer", "params"]
+
+
+def test_runs_that_share_a_checkpoint_folder_are_refused_naming_the_file(tmp_path):
+    """Catches: a verdict of exact for a command whose runs share ./checkpoints: the stopped run is killed
+    before its thread writes step 4's file, so the resumed run reads the straight run's, and certify would
+    compare the straight run with itself."""
+    work = tmp_path / "work"
+    work.mkdir()
+    command = [sys.executable, PROGRAMS / "fixed_folder_thread_save.py"]
+    proc, verdict = certify(tmp_path / "out", 4, command, "--resume checkpoints/ckpt_{step}.pt", cwd=work)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and verdict is None, proc.stderr[-2000:]
+    refusal = next(line for line in lines if line.startswith("certify: "))
+    assert str(work / "checkpoints" / "ckpt_4.pt") in refusal and "straight run wrote" in refusal

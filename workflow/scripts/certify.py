@@ -3,49 +3,124 @@ name the first optimizer step, rank and piece of state where the resumed run lea
 
   python workflow/scripts/certify.py --out DIR --stop-after K --resume 'ARGS' -- COMMAND ...
 
-{run} in COMMAND and ARGS is a folder per run, {step} is K. Exit 0: exact; 1: not exact; 2: could not judge
-(one line why, then the failing run's last lines). docs/certify.md says what is recorded and how.
+{run} in COMMAND and ARGS is a folder per run, {step} is K ({step:04d}: 0004). Exit 0: exact; 1: not exact;
+2: could not judge (one line why, then the failing run's last lines); 128 + N: stopped by signal N.
+docs/certify.md says what is recorded and how.
 """
 
 import argparse
 import shlex
+import signal
 import sys
 from pathlib import Path
 
-from certkit.runs import CannotJudge, certify
+from certkit import processes
+from certkit.errors import Interrupted
+from certkit.runs import CannotJudge, certify, substitute
 from certkit.verdict import headline
 
+USAGE = ("certify.py --out DIR --stop-after K [--resume ARGS] [--lose N] [--again K2] [--resume-command CMD] "
+         "[--repair] [--control] [--timeout S] -- COMMAND ...")
+EPILOG = """\
+{run} in COMMAND, ARGS and CMD is a folder of each run's own: DIR/runs/straight for the straight run,
+DIR/runs/resumed for the stopped and the resumed run, which share it. {step} is K (K2 in the second
+resume of --again), and takes a format spec as Python's format() does: ckpt_{step:04d}.pt is ckpt_0004.pt,
+step_{step:06}.pth is step_000004.pth.
 
-def main(argv: list) -> int:
-    split = argv.index("--") if "--" in argv else len(argv)
-    p = argparse.ArgumentParser(usage="certify.py --out DIR --stop-after K [--resume ARGS] [--lose N] [--again K2] "
-                                "[--resume-command CMD] [--repair] [--control] -- COMMAND ...",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, type=Path, help="the verdict, the certificates, the logs and the runs")
-    p.add_argument("--stop-after", required=True, type=int, help="K: the step whose checkpoint the resume starts from")
-    p.add_argument("--resume", default="", help="arguments added to COMMAND to resume from step K's checkpoint")
-    p.add_argument("--lose", type=int, default=0, help="kill N steps after K instead, losing them as a crash does")
-    p.add_argument("--again", type=int, default=0, help="two resumes: the resumed run is killed again before step "
-                   "K2 + 1 and resumed from its own checkpoint of K2 (the resume arguments' {step} is K2 then)")
-    p.add_argument("--resume-command", type=shlex.split, help="the resumed runs run this instead of COMMAND (then "
-                   "the resume arguments are added to it): resume on another number of ranks, compared on the ranks "
-                   "both have in what the update computes from, not in each process's samples and RNG states")
-    p.add_argument("--timeout", type=float, default=3600, help="seconds each run may take")
+ARGS and CMD are one word each (quote them). A value that begins with -- may follow its option as a word of
+its own (--resume --auto) or be joined to it (--resume=--auto).
+
+While it runs, certify says on stderr as each run starts and ends, and the steps it has made; the
+verdict's line goes to stdout.
+
+exit status:
+  0        exact: the resumed run's every step equals the straight run's
+  1        not exact: the verdict names the first step, rank and piece that differ
+  2        could not judge: one line on stderr why (certify: ...), then the failing run's last lines
+  128 + N  stopped by signal N (SIGHUP 129, SIGINT 130, SIGTERM 143): the run ended, no verdict written
+"""
+VALUED = ("--resume", "--resume-command")  # their value may begin with --, which argparse takes for an option
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A bad command line is one line and exit 2, as any other bad input to certify."""
+
+    def error(self, message):
+        self.exit(2, f"certify: {message} (--help lists the options)\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = OneLineParser(usage=USAGE, description=__doc__.split("\n\n")[0], epilog=EPILOG,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, type=Path, metavar="DIR",
+                   help="the verdict, the certificates, the logs and the runs")
+    p.add_argument("--stop-after", required=True, type=int, metavar="K",
+                   help="K: the step whose checkpoint the resume starts from")
+    p.add_argument("--resume", default="", metavar="ARGS",
+                   help="arguments added to COMMAND to resume from step K's checkpoint")
+    p.add_argument("--lose", type=int, default=0, metavar="N",
+                   help="kill N steps after K instead, losing them as a crash does")
+    p.add_argument("--again", type=int, default=0, metavar="K2", help="two resumes: the resumed run is killed again "
+                   "before step K2 + 1 and resumed from its own checkpoint of K2 (the resume arguments' {step} is K2 "
+                   "then)")
+    p.add_argument("--resume-command", type=shlex.split, metavar="CMD", help="the resumed runs run this instead of "
+                   "COMMAND (then the resume arguments are added to it): resume on another number of ranks, compared "
+                   "on the ranks both have in what the update computes from, not in each process's samples and RNG "
+                   "states")
+    p.add_argument("--timeout", type=float, default=3600, metavar="S",
+                   help="seconds each run may take (default 3600)")
     p.add_argument("--repair", action="store_true", help="where the first difference is samples or an RNG, resume "
                    "again with the straight run's model inputs or RNG states put back by hand: exact then means "
                    "they were all the checkpoint forgot")
     p.add_argument("--control", action="store_true", help="negative control: resume once more (with any repairs) "
                    "with the optimizer state emptied before the first update; the verdict must name it at K + 1")
-    args = p.parse_args(argv[:split])
+    return p
+
+
+def joined(argv: list) -> list:
+    """ARGV with `--resume VALUE` written `--resume=VALUE` (and --resume-command's): argparse refuses a value
+    of its own word that begins with --, such as --resume --init_from=resume."""
+    found, words = [], iter(argv)
+    for word in words:
+        value = next(words, None) if word in VALUED else None
+        found.append(word if value is None else f"{word}={value}")
+    return found
+
+
+def judged(args, command: list) -> dict:
     try:
-        found = certify(argv[split + 1:], args.resume, args.out, args.stop_after, args.lose, args.timeout,
-                        args.repair, args.control, args.again, args.resume_command)
+        resume = shlex.split(args.resume)
+    except ValueError as e:
+        raise CannotJudge(f"--resume {args.resume!r}: {e}") from None
+    substitute([*command, *resume, *(args.resume_command or [])], Path("run"), args.stop_after)  # a bad {step:...}
+    return certify(command, args.resume, args.out, args.stop_after, args.lose, args.timeout, args.repair,
+                   args.control, args.again, args.resume_command)
+
+
+def main(argv: list) -> int:
+    processes.catch_stops()
+    try:
+        processes.become_subreaper()
+        split = argv.index("--") if "--" in argv else len(argv)
+        args = parser().parse_args(joined(argv[:split]))
+        found = judged(args, argv[split + 1:])
+    except Interrupted as e:
+        processes.ignore_stops()
+        print(f"certify: interrupted by {signal.Signals(e.signum).name}: the run in progress and every process "
+              "it started were ended; no verdict written", file=sys.stderr)
+        return 128 + e.signum
     except CannotJudge as e:
+        processes.ignore_stops()
         print(f"certify: {e}", file=sys.stderr)
         if e.log is not None and e.log.exists():
             tail = e.log.read_text(errors="replace").splitlines()[-12:]
             print(f"--- the last lines of {e.log} ---", *tail, sep="\n", file=sys.stderr)
         return 2
+    except OSError as e:  # one certkit did not name: still one line, and not "not exact"
+        processes.ignore_stops()
+        print(f"certify: {e.filename or 'a file'}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    processes.ignore_stops()  # the verdict is written: it is the answer, whatever signal comes now
     print(headline(found).replace("**", ""), f"({args.out / 'verdict.md'})")
     return 0 if found["exact"] else 1
 

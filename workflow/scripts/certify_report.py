@@ -5,7 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
-from certkit.verdict import NAMES, write_atomic
+from certkit.outdir import write_atomic
+from certkit.verdict import NAMES
 
 
 def row(path: Path) -> str:

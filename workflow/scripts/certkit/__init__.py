@@ -5,6 +5,10 @@
   site/          the sitecustomize that loads the recorder into every Python process of a command
   verdict.py     certificates compared: the first step, rank and piece that differ; verdict.json/.md/.svg
   runs.py        the command run straight, stopped by a real SIGKILL, and resumed
+  processes.py   every process a run starts ended and reaped with it (certify is their subreaper); signals
+  outdir.py      the --out folder: its lock, the manifest of what certify wrote there, whole-or-nothing writes
+  progress.py    what certify says on stderr while its runs go
+  errors.py      CannotJudge and Interrupted
 
 It knows nothing of the project around it (torch, numpy and the standard library only): the lab uses the
 tool, never the other way round.

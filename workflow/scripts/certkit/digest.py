@@ -48,8 +48,28 @@ def tensor_bytes(t) -> np.ndarray:
     return t.view(torch.uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
 
 
+def readable(t) -> bool:
+    """Whether T holds data: not on the meta device, not a FakeTensor (a shape-only tensor of tracing)."""
+    import torch
+
+    if t.device.type == "meta":
+        return False
+    if type(t) in (torch.Tensor, torch.nn.Parameter):
+        return True
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return not isinstance(t, FakeTensor)
+
+
 def tensor_line(t) -> bytes:
-    return f"{t.dtype}{list(t.shape)}:{words_digest(tensor_bytes(t)):016x};".encode()
+    """A tensor's layout and the digest of its bytes; a tensor whose bytes cannot be read (on the meta device,
+    fake, a subclass without plain storage), by its kind alone."""
+    try:
+        if readable(t):
+            return f"{t.dtype}{list(t.shape)}:{words_digest(tensor_bytes(t)):016x};".encode()
+    except Exception:  # noqa: BLE001  (a subclass whose bytes are not a plain view: described, not read)
+        pass
+    return f"{t.dtype}{list(t.shape)}:unreadable {type(t).__name__} on {t.device.type};".encode()
 
 
 def of_tensors(tensors) -> str:

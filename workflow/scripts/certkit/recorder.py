@@ -4,10 +4,17 @@ Loaded by certkit/site/sitecustomize.py once the process imports torch, it regis
 and nothing else; they observe and never change what the process computes (but for a repair, below):
   - a forward pre-hook and forward hook on every module: what the outermost module with trainable
     parameters received, under grad mode, since the last step (several forwards under accumulation);
-  - an optimizer step pre-hook: the RNG states, the gradients, each group's LR; at CERTIFY_KILL_AT, the kill
-    (under step(closure), where the forward and backward run inside the step: when the closure returns);
+  - an optimizer step pre-hook: the parameters the step starts from, the RNG states, the gradients, each
+    group's LR; at CERTIFY_KILL_AT, the kill (under step(closure), where the forward and backward run inside
+    the step: when the closure returns);
   - an optimizer step post-hook: the parameters and the optimizer state after the update, the GradScaler's
     scale; then the row is written (CERTIFY_RECORD/rank<R>.jsonl, a line per step, flushed).
+
+Nothing a hook does may break the program: a tensor it cannot read (on the meta device, a fake or other
+subclass tensor) is skipped, a forward of a model whose parameters are on the meta device (a FLOP counter)
+is no training forward, and any error inside a hook is caught and written to notes.<pid>.txt ("not recorded:
+why"), never raised into the program. An audit hook notes each file the process opens for reading
+(reads.<pid>.txt): certify checks that no run read what another run wrote.
 
 Samples are what the model received, not what a DataLoader yielded: Accelerate and Lightning read a batch
 ahead, and Accelerate's resume reads the batches it skips, so a loader's yield moves in time between a
@@ -33,18 +40,34 @@ model inside the batch, so they show as samples.
 """
 
 import atexit
+import functools
 import json
 import os
 import random
 import signal
+import sys
 import threading
 import weakref
 from pathlib import Path
 
 from . import digest
 
-PIECES = ("samples", "rng_torch", "rng_numpy", "rng_python", "rng_cuda", "gradients", "scale", "lr", "optimizer",
+PIECES = ("params_in", "samples", "rng_torch", "rng_numpy", "rng_python", "rng_cuda", "gradients", "scale", "lr", "optimizer",
           "params")
+
+
+def _observing(hook):
+    """HOOK made harmless: an error inside it is noted (once per kind) and the program goes on."""
+
+    @functools.wraps(hook)
+    def safe(self, *args, **kwargs):
+        try:
+            return hook(self, *args, **kwargs)
+        except Exception as e:  # noqa: BLE001  (the recorder observes: nothing it does may reach the program)
+            self.note(f"{hook.__name__.strip('_')}: {type(e).__name__}: {e}")
+            return None
+
+    return safe
 
 
 def _rank() -> int:
@@ -72,6 +95,40 @@ class Recorder:
         self.local = threading.local()  # forward nesting depth, per thread
         self.trainable = weakref.WeakKeyDictionary()
         self.scalers, self.handles = (), []
+        self.noted, self.read = set(), set()
+        self.own = self.folder.parent.resolve()  # certify's --out: its own files are not the program's reads
+
+    def note(self, why: str) -> None:
+        """A line of notes.<pid>.txt: something the recorder could not record, and why (once per why)."""
+        if why in self.noted:
+            return
+        self.noted.add(why)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with open(self.folder / f"notes.{os.getpid()}.txt", "a") as f:
+                f.write(why.replace("\n", " ") + "\n")
+        except OSError:
+            pass
+
+    def _on_audit(self, event: str, args) -> None:
+        """The files the program opens for reading (a path, once each), with their mtime when first read."""
+        if event != "open" or not self.read_log:
+            return
+        try:
+            path, mode = args[0], args[1]
+            if not isinstance(path, (str, bytes, os.PathLike)) or (mode is not None and set(str(mode)) & set("wax+")):
+                return
+            path = os.path.abspath(os.fsdecode(path))
+            if path in self.read or path.endswith((".py", ".pyc", ".so")) or path.startswith(SYSTEM):
+                return
+            self.read.add(path)
+            if path.startswith(str(self.own) + os.sep) and not path.startswith(str(self.own / "runs") + os.sep):
+                return
+            mtime = os.stat(path).st_mtime_ns
+            self.read_log.write(f"{mtime}\t{path}\n")
+            self.read_log.flush()
+        except Exception:  # noqa: BLE001  (a file that vanished, a path it cannot decode: not a read it can judge)
+            pass
 
     def install(self) -> None:
         import torch
@@ -92,11 +149,20 @@ class Recorder:
             torch.amp.GradScaler._certify_scalers = weakref.WeakSet()
             torch.amp.GradScaler.__init__ = init
         self.scalers = torch.amp.GradScaler._certify_scalers
+        self.read_log = None
+        if not os.environ.get("CERTIFY_NO_READS"):
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                self.read_log = open(self.folder / f"reads.{os.getpid()}.txt", "a")
+                sys.addaudithook(self._on_audit)
+            except OSError as e:
+                self.note(f"the files it reads ({e.strerror})")
 
     def remove(self) -> None:
         """The hooks taken out again (the bench times steps with and without them in one process)."""
         for handle in self.handles:
             handle.remove()
+        self.read_log = None  # an audit hook cannot be removed: it stops noting
 
     # --- the model's inputs ----------------------------------------------------------------------
 
@@ -104,24 +170,37 @@ class Recorder:
         depth = getattr(self.local, "depth", 0)
         self.local.depth = depth + 1
         if depth == 0:
-            self.local.outer = self._is_training_call(module)
-            if self.local.outer and self.replay is not None:
-                self._replay_inputs(args)
-            if self.local.outer and self.rng_at is not None and self.step == self.rng_at:
-                self.rng_at = None
-                self._keep_or_restore_rng()
+            self.local.outer = False
+            self._enter_outer(module, args)
+
+    @_observing
+    def _enter_outer(self, module, args) -> None:
+        if not self._is_training_call(module):
+            return
+        unread = [t for t in tensors_in(args) if not digest.readable(t)]
+        if unread:
+            self.note(f"a forward of {type(module).__name__} with a {type(unread[0]).__name__} on "
+                      f"{unread[0].device.type} among its inputs: not recorded as samples")
+            return
+        self.local.outer = True
+        if self.replay is not None:
+            self._replay_inputs(args)
+        if self.rng_at is not None and self.step == self.rng_at:
+            self.rng_at = None
+            self._keep_or_restore_rng()
 
     def _replay_inputs(self, args) -> None:
         """This forward's tensors overwritten, in place, with the straight run's of the same forward after K.
         A hook sees only the positional arguments: the keyword ones are those of torch's call frame above."""
-        import sys
-
         import torch
 
         if self.replayed is None:
             self.replayed = iter(torch.load(self.replay / f"rank{_rank()}.inputs.pt", weights_only=True))
         reference = next(self.replayed, None)
-        kwargs = sys._getframe(2).f_locals.get("kwargs", {})
+        frame = sys._getframe(1)
+        while frame is not None and "forward_call" not in frame.f_locals:  # Module._call_impl's frame
+            frame = frame.f_back
+        kwargs = frame.f_locals.get("kwargs", {}) if frame is not None else {}
         if reference is None:
             return
         for ours, theirs in zip(tensors_in([args, kwargs]), reference):
@@ -138,12 +217,20 @@ class Recorder:
         else:
             set_raw_rng_states(torch.load(self.restore_rng / f"rank{_rank()}.rng.pt", weights_only=True))
 
-    def _leave(self, module, args, kwargs, output) -> None:
-        self.local.depth -= 1
-        if self.local.depth == 0 and self.local.outer:
-            self.inputs.append(digest.of_object([args, kwargs]))
-            if self.keep_inputs is not None and self.step >= self.keep_inputs:
-                self.kept.append([t.detach().cpu().clone() for t in tensors_in([args, kwargs])])
+    def _leave(self, module, args, *kwargs_and_output) -> None:
+        # (kwargs, output) as asked (with_kwargs=True); but where the forward raised (activation checkpointing
+        # stops its recompute that way), torch calls an always_call hook as (module, args, output)
+        kwargs = kwargs_and_output[0] if len(kwargs_and_output) == 2 else {}
+        self.local.depth = max(getattr(self.local, "depth", 1) - 1, 0)
+        if self.local.depth == 0 and getattr(self.local, "outer", False):
+            self.local.outer = False
+            self._leave_outer(args, kwargs)
+
+    @_observing
+    def _leave_outer(self, args, kwargs) -> None:
+        self.inputs.append(digest.of_object([args, kwargs]))
+        if self.keep_inputs is not None and self.step >= self.keep_inputs:
+            self.kept.append([t.detach().cpu().clone() for t in tensors_in([args, kwargs])])
 
     def _is_training_call(self, module) -> bool:
         import torch
@@ -152,10 +239,18 @@ class Recorder:
             return False
         if module not in self.trainable:
             self.trainable[module] = any(p.requires_grad for p in module.parameters())
-        return self.trainable[module]
+        if not self.trainable[module]:
+            return False
+        # a copy of the model on the meta device (a FLOP counter's forward) trains nothing: not a sample
+        if not digest.readable(next(p for p in module.parameters() if p.requires_grad)):
+            self.note(f"a forward of {type(module).__name__} whose parameters are on the meta device or fake: "
+                      "not recorded as samples")
+            return False
+        return True
 
     # --- the optimizer step ----------------------------------------------------------------------
 
+    @_observing
     def _before_step(self, optimizer, args, kwargs):
         if self.row is not None:  # an optimizer stepping another inside its own step: one row
             return None
@@ -174,6 +269,7 @@ class Recorder:
 
         return (args, {**kwargs, "closure": recorded}) if "closure" in kwargs else ((recorded, *args[1:]), kwargs)
 
+    @_observing
     def _take_row(self, optimizer) -> None:
         step = self.step + 1
         if self.kill_at is not None and step >= self.kill_at:
@@ -184,11 +280,15 @@ class Recorder:
             self.empty_optimizer = False
             optimizer.state.clear()  # AdamW starts its moments afresh at this update
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        self.row = {"step": step, "samples": digest.of_object(self.inputs), "forwards": len(self.inputs),
+        # the parameters the step starts from: the first thing it reads, so a lossy restore of the weights
+        # (stored as fp16) is named as itself, not by the gradients it then changes
+        self.row = {"step": step, "params_in": digest.of_tensors(params), "samples": digest.of_object(self.inputs),
+                    "forwards": len(self.inputs),
                     **digest.rng_states(), "gradients": digest.of_tensors(p.grad for p in params),
                     "lr": [float(group["lr"]) for group in optimizer.param_groups], "optimizer_at": optimizer}
         self.inputs = []
 
+    @_observing
     def _after_step(self, optimizer, args, kwargs) -> None:
         if self.row is None or self.row["optimizer_at"] is not optimizer:
             return
@@ -224,6 +324,11 @@ class Recorder:
             self.rank = rank
         self.file.write(json.dumps({"rank": self.rank, **row}) + "\n")
         self.file.flush()
+
+
+# where a program's reads are its environment, not its checkpoints: the interpreter, packages, the OS
+SYSTEM = tuple(sorted({os.path.join(os.path.realpath(p), "") for p in (sys.prefix, sys.base_prefix)}
+                      | {"/proc/", "/sys/", "/dev/", "/etc/", "/usr/"}))
 
 
 def tensors_in(obj) -> list:

@@ -4,87 +4,154 @@ resumed, with the resume arguments added, from step K's checkpoint (with --again
 step K2 + 1 and resumed from K2's checkpoint, two resumes in a row). Then the verdict.
 
 {run} in the command and the resume arguments is the run's own folder (the straight run's, or the one the
-stopped and the resumed run share), {step} is K.
+stopped and the resumed run share), {step} is K, with a format spec if it has one ({step:04d}: 0004).
 """
 
+import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
-from . import verdict
+from . import outdir, processes, progress, verdict
+from .errors import CannotJudge
 
 SITE = Path(__file__).parent / "site"
-MARK = ".certify"  # a folder certify made: its own files in it may be replaced
-OWN = ("straight", "stopped", "resumed", "resumed.first", "repaired", "control", "runs", "straight.log",
-       "stopped.log", "resumed.log", "resumed.first.log", "repaired.log", "control.log", "verdict.json",
-       "verdict.md", "parting.svg")
-
-
-class CannotJudge(Exception):
-    """Why certify could not judge, in one line; LOG: the log whose last lines say more."""
-
-    def __init__(self, why: str, log: Path | None = None):
-        super().__init__(why)
-        self.log = log
+STEP = re.compile(r"\{step(?::([^{}]*))?\}")  # {step}, or {step:04d} as format() takes it
 
 
 def last_line(log: Path) -> str:
-    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        text = ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else "(no output)"
 
 
 def substitute(tokens: list, run: Path, step: int) -> list:
-    return [t.replace("{run}", str(run)).replace("{step}", str(step)) for t in tokens]
+    """TOKENS with {step} (or {step:SPEC}: {step:04d} gives 0004) made STEP, then {run} made RUN."""
+
+    def numbered(match: re.Match) -> str:
+        try:
+            return format(step, match.group(1) or "")
+        except ValueError as e:
+            raise CannotJudge(f"{match.group(0)}: not a format for a step number ({e})") from None
+
+    return [STEP.sub(numbered, t).replace("{run}", str(run)) for t in tokens]
 
 
 def prepare(out: Path) -> None:
-    """OUT ready for a certificate: new, empty, or one certify made (its own entries go, nothing else does)."""
-    if out.exists() and any(out.iterdir()) and not (out / MARK).exists():
-        raise CannotJudge(f"{out} holds files certify did not write: give a new or empty folder")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARK).touch()
-    for name in OWN:
-        path = out / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
+    """OUT ready for a certificate, locked for this process: new, empty, or one certify made, whose files
+    that certify wrote and nobody changed since go (outdir.claim)."""
+    outdir.claim(out)
+
+
+class LogCopy:
+    """A run's output, read from its pipe by a thread and written to its log by certify: so that a log that
+    could not be written (a full disk) is known, not taken for a run that said nothing."""
+
+    def __init__(self, pipe, file, log: Path):
+        self.pipe, self.file, self.log, self.error = pipe, file, log, None
+        self.thread = threading.Thread(target=self.copy, name=f"log {log.name}", daemon=True)
+        self.thread.start()
+
+    def copy(self) -> None:
+        with self.file, contextlib.suppress(OSError):  # a read that fails: the pipe is gone
+            while chunk := os.read(self.pipe.fileno(), 1 << 16):
+                view = memoryview(chunk)
+                while view and self.error is None:  # after a failed write, read on: the run must not block
+                    try:
+                        view = view[self.file.write(view):]
+                    except OSError as e:
+                        self.error = e
+
+    def finish(self, patience: float = 10.0) -> CannotJudge | None:
+        """Once every writer of the pipe is gone: the log written whole, or why it was not."""
+        self.thread.join(patience)
+        if not self.thread.is_alive():
+            self.pipe.close()
+        return None if self.error is None else outdir.cannot(self.log, self.error)
 
 
 def execute(name: str, argv: list, env: dict, out: Path, timeout: float) -> int:
-    """ARGV to its end, in a session of its own, output to OUT/NAME.log; whatever of its process group is
-    left (DataLoader workers, ranks) is killed after it."""
-    log = out / f"{name}.log"
-    with open(log, "w") as f:
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)
-        except (FileNotFoundError, PermissionError) as e:
-            raise CannotJudge(f"command not found: {argv[0]} ({e.strerror})") from None
-        try:
-            return proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise CannotJudge(f"the {name} run took longer than {timeout:g} s (--timeout)", log) from None
-        finally:
+    """ARGV to its end, in a session of its own, its output copied to OUT/NAME.log; then everything it
+    started is ended and reaped: its process group (DataLoader workers, ranks) and every other descendant
+    (a daemon that left the session comes to certify, its subreaper). What it wrote goes into OUT's manifest."""
+    log, spared = out / f"{name}.log", set(processes.descendants(os.getpid()))  # not the run's: left alone
+    watch = progress.Watch(name, Path(env.get("CERTIFY_RECORD", out / name)), argv)
+    proc = copy = code = None
+    try:
+        with processes.held():
+            proc, copy = start(argv, env, log)
+        code = wait(proc, watch, timeout)
+    except subprocess.TimeoutExpired:
+        raise CannotJudge(f"the {name} run took longer than {timeout:g} s (--timeout)", log) from None
+    finally:
+        with processes.held():
+            if proc is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            processes.end_descendants(spared)
+            unwritten = copy and copy.finish()
+            watch.ended(code)
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+                outdir.record(out)
+            finally:
+                if unwritten:
+                    raise unwritten
+    return code
+
+
+def start(argv: list, env: dict, log: Path) -> tuple:
+    """(the run's Popen, the copy of its output into LOG): no run starts whose log cannot be written."""
+    try:
+        file = open(log, "wb", buffering=0)
+    except OSError as e:
+        raise outdir.cannot(log, e) from None
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+    except BaseException as e:
+        file.close()
+        if isinstance(e, (FileNotFoundError, PermissionError)):
+            raise CannotJudge(f"command not found: {argv[0]} ({e.strerror})") from None
+        raise
+    return proc, LogCopy(proc.stdout, file, log)
+
+
+def wait(proc, watch, timeout: float) -> int:
+    """PROC's exit status, its progress shown meanwhile; subprocess.TimeoutExpired after TIMEOUT seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return proc.wait(max(0.0, min(watch.every, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                raise
+            watch.poll()
 
 
 def missing_checkpoint(resume: list, run: Path, step: int) -> str | None:
     """The first path the resume arguments name through {step} that does not exist, if any."""
     for token in resume:
-        if "{step}" in token:
+        if STEP.search(token):
             path = substitute([token], run, step)[0].split("=", 1)[-1]
             if os.sep in path and not Path(path).exists():
                 return path
     return None
+
+
+def cache(path: str) -> bool:
+    """Whether PATH lies in a cache (a folder named *cache*, torch inductor's, triton's): shared by design."""
+    return any("cache" in part.lower() or part.startswith(("torchinductor_", ".triton")) for part in Path(path).parts)
 
 
 def repairable(piece: str) -> str | None:
@@ -102,7 +169,7 @@ def repaired(found: dict, straight: dict, run) -> dict:
         code, rows, _ = run(pieces)
         if code != 0 or not rows:
             return {"restored": pieces, "exact": False, "first": None, "why": f"the repaired run failed (exit {code})"}
-        first = verdict.first_difference(straight, rows, range(found["stop_after"] + 1, found["last_step"] + 1),
+        first = verdict.first_difference(straight, rows, range(found["resumed_from"] + 1, found["last_step"] + 1),
                                          found["not_compared"])
     if not pieces:
         piece = "none" if first is None else verdict.NAMES[first["piece"]]
@@ -110,17 +177,24 @@ def repaired(found: dict, straight: dict, run) -> dict:
     return {"restored": pieces, "exact": first is None, "first": first}
 
 
-def controlled(found: dict, straight: dict, run) -> dict:
+def controlled(found: dict, straight: dict, run, unemptied: dict | None = None) -> dict:
     """{restored, first, caught} of the negative control, RUN(pieces) a resumed run with the repairs' PIECES put
-    back and the optimizer state emptied before its first update: caught when the first difference is the
-    optimizer state at step K + 1, so that the certificate would see a checkpoint that forgot it."""
+    back and the optimizer state emptied before its first update: caught when its optimizer state differs from
+    the straight run's at its first step (K + 1) while that of UNEMPTIED (the same resume, with the same
+    repairs, not emptied) does not, whatever differs before it in causal order (an RNG draw nothing used,
+    say): the certificate sees a checkpoint that forgot the optimizer. FIRST: its first difference."""
     pieces = found.get("repair", {}).get("restored", [])  # then only the emptied optimizer is left to differ
     code, rows, _ = run(pieces)
     if code != 0 or not rows:
         return {"restored": pieces, "first": None, "caught": False, "why": f"the control run failed (exit {code})"}
-    first = verdict.first_difference(straight, rows, range(found["stop_after"] + 1, found["last_step"] + 1),
-                                     found["not_compared"])
-    caught = first is not None and (first["step"], first["piece"]) == (found["stop_after"] + 1, "optimizer")
+    step = found.get("resumed_from", found["stop_after"]) + 1
+    first = verdict.first_difference(straight, rows, range(step, found["last_step"] + 1), found["not_compared"])
+
+    def emptied(certificate: dict) -> bool:
+        return any(certificate.get(r, {}).get(step, {}).get("optimizer") != straight[r][step]["optimizer"]
+                   for r in certificate if step in straight.get(r, {}))
+
+    caught = emptied(rows) and not (unemptied is not None and emptied(unemptied))
     return {"restored": pieces, "first": first, "caught": caught}
 
 
@@ -132,12 +206,45 @@ class Runs:
         self.env = {**os.environ,
                     "PYTHONPATH": os.pathsep.join([str(SITE), *filter(None, [os.environ.get("PYTHONPATH")])])}
         self.checkpoint_copy = out / "runs" / "repair-base"
+        self.windows, self.straight, self.rows = {}, {}, {}  # rows: the repaired and control runs', aligned
 
     def run(self, name: str, argv: list, folder: str, step: int | None = None, **settings) -> tuple:
         """(exit code, its certificate's rows, whether it was killed)."""
         env = {**self.env, "CERTIFY_RECORD": str(self.out / name), **{k: str(v) for k, v in settings.items()}}
         argv = substitute(argv, self.out / "runs" / folder, self.stop_after if step is None else step)
-        return execute(name, argv, env, self.out, self.timeout), *verdict.read(self.out / name)
+        began = time.time_ns()
+        code = execute(name, argv, env, self.out, self.timeout)
+        self.windows[name] = (began, time.time_ns())
+        if name != "straight":
+            self.refuse_shared(name)
+        return code, *verdict.read(self.out / name)
+
+    def refuse_shared(self, name: str) -> None:
+        """CannotJudge where run NAME read a file the straight run wrote (modified while it ran): the runs share a
+        folder, so the resume may continue the straight run's checkpoint, and each run overwrites the other's
+        files. Caches (a path with a folder named *cache*) are shared by design and pass."""
+        began, ended = self.windows["straight"]
+        for log in sorted((self.out / name).glob("reads.*.txt")):
+            for line in log.read_text(errors="replace").splitlines():
+                mtime, _, path = line.partition("\t")
+                if mtime.isdigit() and began <= int(mtime) <= ended and not cache(path):
+                    raise CannotJudge(f"the {name} run read {path}, which the straight run wrote: the runs share "
+                                      "that folder (give each run its own, with {run} in the command's paths)",
+                                      self.out / f"{name}.log")
+
+    def notes(self) -> dict:
+        """{run: what its recorders could not record} (notes.<pid>.txt), for the runs that have any."""
+        found = {}
+        for name in self.windows:
+            lines = {line for log in (self.out / name).glob("notes.*.txt") for line in log.read_text().splitlines()}
+            if lines:
+                found[name] = sorted(lines)
+        return found
+
+    def aligned(self, rows: dict, offset: int) -> tuple[dict, int]:
+        """(ROWS numbered from the step whose state the run really started from, that step): verdict.real_start."""
+        start = verdict.real_start(self.straight, rows, offset) if rows else offset
+        return verdict.relabelled(rows, offset, start), start
 
     def keep_checkpoint(self) -> None:
         """A copy of step K's checkpoint: each repair resumes from it, whatever the resumed run then writes."""
@@ -151,8 +258,10 @@ class Runs:
             settings["CERTIFY_RESTORE_RNG"] = self.out / "straight"
         if "samples" in pieces:
             settings["CERTIFY_REPLAY_INPUTS"] = self.out / "straight"
-        return self.run(name, self.resuming, name, CERTIFY_STEP_OFFSET=self.stop_after, CERTIFY_KEEP_FINAL=1,
-                        **settings)
+        code, rows, killed = self.run(name, self.resuming, name, CERTIFY_STEP_OFFSET=self.stop_after,
+                                      CERTIFY_KEEP_FINAL=1, **settings)
+        self.rows[name] = self.aligned(rows, self.stop_after)[0]
+        return code, self.rows[name], killed
 
 
 def check_options(command: list, resume_command, stop_after: int, lose: int, again: int, repair: bool,
@@ -188,8 +297,9 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
     straight, stopped, killed = straight_and_stopped(runs, command, resume, lose, again, repair)
     if repair or control:
         runs.keep_checkpoint()
-    resumed = resumed_runs(runs, resume, again)
-    found = verdict.judge(straight, stopped, resumed, killed, stop_after, other_world=resume_command is not None)
+    resumed, start = resumed_runs(runs, resume, again, lose)
+    found = verdict.judge(straight, stopped, resumed, killed, stop_after, other_world=resume_command is not None,
+                          resumed_from=start)
     if not found["deterministic"]:
         b = found["before_kill"]
         raise CannotJudge(f"the command does not repeat itself: its straight and stopped runs differ at step "
@@ -198,13 +308,15 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
     if repair:
         found["repair"] = repaired(found, straight, lambda pieces: runs.resumed_again("repaired", pieces))
     if control:
+        repaired_run = runs.rows.get("repaired") if found.get("repair", {}).get("restored") else resumed
         found["control"] = controlled(found, straight, lambda pieces: runs.resumed_again(
-            "control", pieces, CERTIFY_EMPTY_OPTIMIZER=1))
+            "control", pieces, CERTIFY_EMPTY_OPTIMIZER=1), repaired_run)
+    found["not_recorded"] = runs.notes()
     found.update(command=command, resume=resume, lose=lose, again=again,
                  resume_command=shlex.join(resume_command) if resume_command else None)
-    verdict.write_atomic(out / "verdict.json", json.dumps(found, indent=1) + "\n")
-    verdict.write_atomic(out / "verdict.md", verdict.markdown(found, shlex.join(command), resume, lose))
-    verdict.write_atomic(out / "parting.svg", verdict.svg(found, straight, resumed))
+    outdir.publish(out, {"verdict.json": json.dumps(found, indent=1) + "\n",
+                         "verdict.md": verdict.markdown(found, shlex.join(command), resume, lose),
+                         "parting.svg": verdict.svg(found, straight, resumed)})
     return found
 
 
@@ -219,6 +331,7 @@ def straight_and_stopped(runs: Runs, command: list, resume: str, lose: int, agai
     if code != 0:
         raise CannotJudge(f"the straight run failed (exit {code}): {last_line(out / 'straight.log')}",
                           out / "straight.log")
+    runs.straight = straight
     if not straight:
         raise CannotJudge("the command made no optimizer step: certify records torch.optim optimizers in Python "
                           "processes started without -I or -E", out / "straight.log")
@@ -239,11 +352,12 @@ def straight_and_stopped(runs: Runs, command: list, resume: str, lose: int, agai
     return straight, stopped, killed
 
 
-def resumed_runs(runs: Runs, resume: str, again: int) -> dict:
-    """The resumed run's certificate; with AGAIN, of both legs: the first killed again after its own
-    checkpoint of AGAIN, the second resumed from that."""
+def resumed_runs(runs: Runs, resume: str, again: int, lose: int = 0) -> tuple[dict, int]:
+    """(the resumed run's certificate, numbered from the step whose state it really started from; that step).
+    With AGAIN, both legs: the first killed again after its own checkpoint of AGAIN, the second resumed from
+    that. A run that starts from a state the stopped run never reached read another run's checkpoint."""
     out, stop_after, resuming = runs.out, runs.stop_after, runs.resuming
-    first_leg = {}
+    first_leg, start = {}, None
     if again:
         code, first_leg, killed_again = runs.run("resumed.first", resuming, "resumed",
                                                  CERTIFY_STEP_OFFSET=stop_after, CERTIFY_KILL_AT=again + 1)
@@ -253,10 +367,17 @@ def resumed_runs(runs: Runs, resume: str, again: int) -> dict:
         if path:
             raise CannotJudge(f"resume failed: the first resumed run saved no checkpoint {path}",
                               out / "resumed.first.log")
+        first_leg, start = runs.aligned(first_leg, stop_after)
     code, resumed, _ = runs.run("resumed", resuming, "resumed", again or stop_after,
                                 CERTIFY_STEP_OFFSET=again or stop_after, CERTIFY_KEEP_FINAL=1)
     if code != 0:
         raise CannotJudge(f"resume failed: {last_line(out / 'resumed.log')}", out / "resumed.log")
     if not resumed:
         raise CannotJudge("resume failed: the resumed run made no optimizer step", out / "resumed.log")
-    return {rank: {**first_leg.get(rank, {}), **rows} for rank, rows in resumed.items()}  # both legs' steps
+    resumed, second = runs.aligned(resumed, again or stop_after)
+    start = second if start is None else start
+    if start > stop_after + lose:
+        raise CannotJudge(f"the resumed run started from step {start}'s state, which the stopped run never reached "
+                          f"(killed before step {stop_after + lose + 1}'s update): it read a checkpoint another run "
+                          "wrote", out / "resumed.log")
+    return {rank: {**first_leg.get(rank, {}), **rows} for rank, rows in resumed.items()}, start  # both legs

@@ -4,19 +4,31 @@ A certificate is a folder of rank<R>.jsonl files, a row per optimizer step (cert
 are compared in causal order, what a step reads before what it writes: the first one named is the cause,
 the later ones its consequences. At the first differing step, the rank named is the one whose first
 differing piece comes earliest (rank 1's RNG before rank 0's gradients, which the all-reduce carried over).
+
+Exact means: at every step after the resumed run's start, on every rank, what the step computed from and
+computed is equal: the parameters it starts from, the model's inputs, the gradients, the LR, the GradScaler's
+scale, the optimizer state and the parameters after it. A global RNG state is what a step may draw from,
+not what it computed: a step where only an RNG state differs (a draw that nothing trained used, such as one
+more DataLoader iterator) is a warning naming that step; once anything computed differs, an RNG that
+differs there is named as its cause.
+
+Where the resumed run really started is found, not assumed: the parameters its first step starts from are
+those the straight run's step j + 1 started from. A command that auto-resumes from its newest checkpoint,
+older than K, starts from j < K and redoes K - j steps; its steps are compared from j + 1.
 """
 
 import json
-import os
 from pathlib import Path
 
 from .recorder import PIECES
 
-NAMES = {"missing": "the step itself (one run lacks it)", "samples": "samples (what the model received)",
+NAMES = {"missing": "the step itself (one run lacks it)", "params_in": "the parameters the step starts from",
+         "samples": "samples (what the model received)",
          "rng_torch": "RNG (torch)", "rng_numpy": "RNG (numpy)", "rng_python": "RNG (Python)",
          "rng_cuda": "RNG (CUDA)", "gradients": "gradients", "scale": "GradScaler scale", "lr": "LR",
          "optimizer": "optimizer state", "params": "parameters"}
 ORDER = ("missing",) + PIECES
+RNG = tuple(p for p in PIECES if p.startswith("rng_"))  # what a step may draw from, not what it computed
 # what each process has of its own: on another number of ranks a process gets other slices and draws
 PER_PROCESS = ("samples", "rng_torch", "rng_numpy", "rng_python", "rng_cuda")
 REPAIRED = {"samples": "the straight run's model inputs (every forward after step K)",
@@ -51,23 +63,57 @@ def differing(a: dict | None, b: dict | None, ignore=()) -> list:
     return [p for p in PIECES if a.get(p) != b.get(p) and p not in ignore]
 
 
-def first_difference(reference: dict, other: dict, steps, ignore=()) -> dict | None:
-    """{step, rank, piece, pieces: {rank: [pieces]}} of the first step in STEPS where OTHER differs from
-    REFERENCE on any rank (IGNORE: pieces not compared), or None."""
+def differences(reference: dict, other: dict, steps, ignore=()):
+    """{step, rank, piece, pieces: {rank: [pieces]}} of each step in STEPS where OTHER differs from REFERENCE
+    on any rank (IGNORE: pieces not compared); the rank named is the one whose first piece comes earliest."""
     ranks = sorted(set(reference) | set(other))
     for step in steps:
         found = {r: differing(reference.get(r, {}).get(step), other.get(r, {}).get(step), ignore) for r in ranks}
         found = {r: pieces for r, pieces in found.items() if pieces}
         if found:
             rank = min(found, key=lambda r: (ORDER.index(found[r][0]), r))
-            return {"step": step, "rank": rank, "piece": found[rank][0], "pieces": found}
-    return None
+            yield {"step": step, "rank": rank, "piece": found[rank][0], "pieces": found}
+
+
+def computed(found: dict) -> bool:
+    """Whether a step's differences reach what it computed (anything but an RNG state)."""
+    return any(p not in RNG for pieces in found["pieces"].values() for p in pieces)
+
+
+def first_difference(reference: dict, other: dict, steps, ignore=()) -> dict | None:
+    """The first step in STEPS where what a step computed differs (differences' dict), or None; a step where
+    only an RNG state differs is passed over (rng_warning names it)."""
+    return next((found for found in differences(reference, other, steps, ignore) if computed(found)), None)
+
+
+def rng_warning(reference: dict, other: dict, steps, ignore=()) -> dict | None:
+    """The first step in STEPS where an RNG state differs while nothing computed does, or None."""
+    return next((found for found in differences(reference, other, steps, ignore) if not computed(found)), None)
+
+
+def real_start(straight: dict, leg: dict, offset: int) -> int:
+    """The step j whose state a resumed run's LEG (labelled from OFFSET) really started from: its first step
+    starts from the parameters the straight run's step j + 1 started from. OFFSET where they match, or where
+    none does (a lossy restore: then the parameters it starts from differ, at OFFSET + 1); the match nearest
+    to OFFSET where several do (an update that changed nothing)."""
+    rank = min(leg)
+    first = leg[rank][min(leg[rank])].get("params_in")
+    reference = straight.get(rank, {})
+    matches = [s - 1 for s, row in reference.items() if first is not None and row.get("params_in") == first]
+    return min(matches, key=lambda j: (abs(j - offset), j)) if matches else offset
+
+
+def relabelled(leg: dict, offset: int, start: int) -> dict:
+    """LEG's rows numbered from START instead of OFFSET."""
+    shift = start - offset
+    return {r: {s + shift: {**row, "step": s + shift} for s, row in rows.items()} for r, rows in leg.items()}
 
 
 def judge(straight: dict, stopped: dict, resumed: dict, killed: dict, stop_after: int,
-          other_world: bool = False) -> dict:
+          other_world: bool = False, resumed_from: int | None = None) -> dict:
     """The verdict on three runs' certificates: straight, stopped (killed before step KILLED's update) and
-    resumed (from step STOP_AFTER's checkpoint). OTHER_WORLD: the resumed run is another command, which may
+    resumed (from step STOP_AFTER's checkpoint; RESUMED_FROM: the step whose state it really started from,
+    its rows numbered from there: real_start, relabelled). OTHER_WORLD: the resumed run is another command, which may
     run on another number of ranks: then it is compared on the ranks both runs have, in what the update
     computes from (gradients after any all-reduce, LR, optimizer state, parameters), not in what each process
     has of its own (PER_PROCESS)."""
@@ -83,12 +129,17 @@ def judge(straight: dict, stopped: dict, resumed: dict, killed: dict, stop_after
     compared = {r: rows for r, rows in straight.items() if r in resumed} if rescaled else straight
     if rescaled:
         unseeded = sorted(set(unseeded) | set(PER_PROCESS), key=PIECES.index)
-    first = first_difference(compared, resumed, range(stop_after + 1, last + 1), unseeded)
+    start = stop_after if resumed_from is None else resumed_from
+    steps = range(start + 1, last + 1)
+    first = first_difference(compared, resumed, steps, unseeded)
     extra = sorted({s for rows in resumed.values() for s in rows if s > last})
     if first is None and extra:
         first = {"step": extra[0], "rank": min(resumed), "piece": "missing", "pieces": {}}
-    return {"exact": first is None, "deterministic": before_kill is None, "before_kill": before_kill,
-            "first": first, "steps": {"straight": steps_of(straight), "stopped": steps_of(stopped),
+    warning = rng_warning(compared, resumed, range(start + 1, first["step"] if first else last + 1), unseeded)
+    started_over = start == 0 < stop_after
+    return {"exact": first is None and not started_over, "deterministic": before_kill is None,
+            "before_kill": before_kill, "first": first, "resumed_from": start, "started_over": started_over,
+            "rng_warning": warning, "steps": {"straight": steps_of(straight), "stopped": steps_of(stopped),
                                       "resumed": steps_of(resumed)},
             "killed_at": killed, "stop_after": stop_after, "last_step": last, "not_compared": unseeded,
             "ranks": {"straight": len(set(stopped) | set(straight)), "resumed": len(resumed)} if rescaled else None}
@@ -116,34 +167,61 @@ def final_gap(a, b, ranks=None) -> float | None:
 # --- what is written ----------------------------------------------------------------------------------
 
 
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def real_start_note(v: dict) -> str | None:
+    """Where the resumed run really started, where that is not step K's state."""
+    j, k = v.get("resumed_from", v["stop_after"]), v["stop_after"]
+    if j == k:
+        return None
+    if j == 0:
+        return f"it started over from step 0's state (the initial weights), not step {k}'s: {k} steps redone"
+    if j < k:
+        return f"resumed from step {j}'s state, not {k}'s: {k - j} step{'s' * (k - j > 1)} redone"
+    return f"resumed from step {j}'s state, not {k}'s: {j - k} step{'s' * (j - k > 1)} after the cut kept"
 
 
 def headline(v: dict) -> str:
-    if v["exact"] and v.get("ranks"):
+    note = real_start_note(v)
+    where = f" ({note})" if note else ""
+    f, start = v["first"], v.get("resumed_from", v["stop_after"])
+    differs = f"first difference at step {f['step']}, rank {f['rank']}: {NAMES[f['piece']]}" if f else ""
+    if v.get("started_over"):
+        return f"**not resumed**: {note}" + (f"; then {differs}" if f else "; from there it matches the straight run")
+    if v.get("rng_warning"):
+        where += f"; warning: from step {v['rng_warning']['step']} only an RNG state differs, a draw nothing used"
+    if not v["exact"]:
+        return f"**not exact**: {differs}{where}"
+    if v.get("ranks"):
         return (f"**exact**: the resumed run matches the straight run at every optimizer step "
-                f"{v['stop_after'] + 1}..{v['last_step']}, on the ranks both have, in what the update computes from")
-    if v["exact"]:
-        return (f"**exact**: the resumed run matches the straight run at every optimizer step "
-                f"{v['stop_after'] + 1}..{v['last_step']}, on every rank, in every piece recorded")
-    f = v["first"]
-    return f"**not exact**: first difference at step {f['step']}, rank {f['rank']}: {NAMES[f['piece']]}"
+                f"{start + 1}..{v['last_step']}, on the ranks both have, in what the update computes from{where}")
+    return (f"**exact**: the resumed run matches the straight run at every optimizer step "
+            f"{start + 1}..{v['last_step']}, on every rank, in everything the steps computed{where}")
+
+
+def warnings(v: dict) -> list:
+    """verdict.md's lines on what is no difference but worth knowing: an RNG draw nothing used, what the
+    recorders could not record."""
+    lines, warning = [], v.get("rng_warning")
+    if warning:
+        what = "; ".join(f"rank {r}: " + ", ".join(NAMES[p] for p in pieces)
+                         for r, pieces in sorted(warning["pieces"].items()))
+        lines += [f"Warning: from step {warning['step']} the global RNG state differs ({what}) while nothing the "
+                  "steps computed does: one run drew from it once more or less (one more DataLoader iterator, say) "
+                  "and nothing trained used the draw. Not a difference in the model; a later draw from it would "
+                  "show as one.", ""]
+    for run, notes in sorted((v.get("not_recorded") or {}).items()):
+        lines += [f"Not recorded in the {run} run: " + "; ".join(notes) + ".", ""]
+    return lines
 
 
 def markdown(v: dict, command: str, resume: str, lose: int) -> str:
     lines = [f"# Certificate of `{command}`", "", headline(v), ""]
     if not v["exact"]:
         f = v["first"]
-        lines += [f"At step {f['step']}, differing pieces (causal order: samples, RNG, gradients, LR, optimizer "
-                  "state, parameters):", ""]
+        lines += [f"At step {f['step']}, differing pieces (causal order: parameters it starts from, samples, RNG, "
+                  "gradients, LR, optimizer state, parameters):", ""]
         lines += [f"- rank {r}: " + ", ".join(NAMES[p] for p in pieces) for r, pieces in sorted(f["pieces"].items())]
         lines.append("")
+    lines += warnings(v)
     repair = v.get("repair")
     if repair and repair["restored"]:
         again, what = repair["first"], " and ".join(REPAIRED[p] for p in repair["restored"])
@@ -157,10 +235,14 @@ def markdown(v: dict, command: str, resume: str, lose: int) -> str:
     control = v.get("control")
     if control:
         with_repairs = f" (with {' and '.join(control['restored'])} repaired)" if control["restored"] else ""
+        step = v.get("resumed_from", v["stop_after"]) + 1
         seen = (f"first difference at step {control['first']['step']}, rank {control['first']['rank']}: "
                 f"{NAMES[control['first']['piece']]}" if control["first"] else control.get("why", "no difference"))
+        verdict = (f"its optimizer state differs at step {step} and the resumed run's does not, so it is **caught**"
+                   if control["caught"] else "so it is **NOT caught**: the certificate does not see a checkpoint "
+                   "that forgot the optimizer")
         lines += [f"Negative control: resumed again{with_repairs} with the optimizer state emptied before its first "
-                  f"update: {seen}, so it is **{'caught' if control['caught'] else 'NOT caught'}**.", ""]
+                  f"update: {seen}; {verdict}.", ""]
     if v.get("max_abs_dw") is not None:
         lines += [f"Final parameters, straight vs resumed: max |Δw| = {v['max_abs_dw']:.3g}.", ""]
     killed = ", ".join(f"rank {r} at step {s}" for r, s in sorted(v["killed_at"].items()))
@@ -187,10 +269,12 @@ def markdown(v: dict, command: str, resume: str, lose: int) -> str:
 
 
 def svg(v: dict, straight: dict, resumed: dict) -> str:
-    """Step x piece, one panel per rank: grey before the cut, green where the resumed run matches the straight
-    run, red where it differs, white where one run lacks the step."""
+    """Step x piece, one panel per rank: grey before the resumed run's start, green where the resumed run
+    matches the straight run, red where what a step computed differs, amber where only an RNG state does,
+    white where one run lacks the step; a piece never compared (an RNG never seeded) is hatched pale."""
     pieces = [p for p in PIECES if any(p in row for rows in straight.values() for row in rows.values())]
-    last, cell, left, top = v["last_step"], 14, 120, 24
+    last, cell, left, top = v["last_step"], 14, 190, 24
+    start = v.get("resumed_from", v["stop_after"])
     ranks = sorted(set(straight) | set(resumed))
     panel_h = top + cell * len(pieces) + 12
     width, height = left + cell * last + 10, panel_h * len(ranks)
@@ -201,15 +285,21 @@ def svg(v: dict, straight: dict, resumed: dict) -> str:
         out.append(f'<text x="4" y="{y0 + 14}">rank {rank}: optimizer step 1..{last}</text>')
         for j, piece in enumerate(pieces):
             y = y0 + top + j * cell
-            out.append(f'<text x="4" y="{y + 11}">{NAMES[piece].removesuffix(" (what the model received)")}</text>')
+            label = NAMES[piece].removesuffix(" (what the model received)")
+            if piece in v["not_compared"]:
+                label += " (not compared)"
+            out.append(f'<text x="4" y="{y + 11}">{label}</text>')
             for step in range(1, last + 1):
                 a, b = straight.get(rank, {}).get(step), resumed.get(rank, {}).get(step)
-                if step <= v["stop_after"]:
-                    colour = "#d0d0d0"
+                if step <= start or piece in v["not_compared"]:
+                    colour = "#d0d0d0" if step <= start else "#f2f2f2"
                 elif a is None or b is None:
                     colour = "#ffffff"
+                elif a.get(piece) == b.get(piece):
+                    colour = "#4caf50"
                 else:
-                    colour = "#4caf50" if a.get(piece) == b.get(piece) else "#e53935"
+                    colour = "#ffb300" if piece in RNG and not differing(a, b, RNG + tuple(v["not_compared"])) \
+                        else "#e53935"
                 out.append(f'<rect x="{left + (step - 1) * cell}" y="{y}" width="{cell - 1}" height="{cell - 1}" '
                            f'fill="{colour}" stroke="#999" stroke-width="0.3"/>')
     out.append("</svg>")

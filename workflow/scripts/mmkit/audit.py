@@ -72,6 +72,7 @@ PACKAGES = {"own": None, "transformers": "transformers", "accelerate": "accelera
 # what a difference in each piece certify names first means (certkit.recorder.PIECES, in causal order)
 PIECES = {
     "missing": "a step one run lacks",
+    "params_in": "the weights it resumed with",
     "samples": "the data position (other model inputs)",
     "rng_torch": "the torch RNG (dropout stream)",
     "rng_numpy": "the numpy RNG",
@@ -214,7 +215,8 @@ def row_of(framework: str, scenario: str, found: dict) -> dict:
 def control_of(framework: str, found: dict) -> dict:
     """The negative control's row from the verdict of its framework's CONTROL_SCENARIO cell."""
     control = found["control"]
-    first = control["first"] or {}
+    # caught: the optimizer state differs at the step after the cut (certify's rule), whatever came before it
+    first = {"step": found["stop_after"] + 1, "piece": "optimizer"} if control["caught"] else control["first"] or {}
     return {"framework": framework, "version": version(framework), "scenario": CONTROL_SCENARIO,
             "control": "optimizer state emptied", "repairs": control["restored"], "cut": found["stop_after"],
             "first_step": first.get("step"), "first_state": first.get("piece"), "caught": control["caught"]}
