@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 RUN := PATH=$(abspath $(BIN)):$$PATH
 
-.PHONY: results test test-stress mutants lint readme bench clean
+.PHONY: results test check test-stress mutants lint readme bench clean
 
 $(BIN)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ TEST_WORKERS ?= 2
 test: $(BIN)/.test
 	$(RUN) MMKIT_TEST_RECORD=$(abspath .test-record) MMKIT_MUTANTS_OUTCOMES=$(abspath .test-record)/outcomes.jsonl \
 		PYTHONPATH=tests python -m pytest -q -rs -p outcomes -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=12 tests
+
+# the quick tier, after every change: the in-process checks and the fastest real-process test of each command
+# line (tests marked quick; no tiny pipeline build). make test is still what says a change is done
+check: $(BIN)/.test
+	$(RUN) PYTHONPATH=tests python -m pytest -q -rs -p outcomes -m quick -n 2 --durations=5 tests
 
 # the suite under load: four test files at a time on two cores, so every test gets about half the CPU it
 # gets in make test (a busy CI machine's share); a test that assumes how far a job gets in some time fails here

@@ -67,7 +67,21 @@ def pytest_sessionfinish(session):
         STOP_AT_SESSION_END.unlink()
 
 
+# make check: the quick tier, a developer's run after every change. `quick` marks the tests that run in-process
+# and the one fastest real-process test per command line (run.py, certify, compare.py, the Snakefile's dry run);
+# none of them may wait on the tiny pipeline's build, which alone takes longer than the tier's budget
+BUILDS = {"pristine_pipeline", "pipeline", "tiny_run"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "quick: make check's tier (in-process, or the fastest test of a command "
+                                       "line); never on a test that needs the tiny pipeline's build")
+
+
 def pytest_collection_modifyitems(items):
+    slow = [item.nodeid for item in items if item.get_closest_marker("quick") and BUILDS & set(item.fixturenames)]
+    if slow:
+        raise pytest.UsageError(f"marked quick but waits on the tiny pipeline's build: {', '.join(slow)}")
     items.sort(key=lambda item: next((i for i, f in enumerate(FIRST) if item.path.name == f), len(FIRST)))
 
 

@@ -7,6 +7,7 @@ functions), so an import moved into a function to dodge a rule is still found.
 import ast
 from pathlib import Path
 
+import pytest
 from conftest import REPO, SCRIPTS
 
 PACKAGES = ("mmkit", "certkit")
@@ -38,6 +39,7 @@ def imported(path: Path, package: str) -> set:
     return found
 
 
+@pytest.mark.quick
 def test_the_parser_of_imports_sees_every_form_of_import(tmp_path):
     """Catches: a rule check blind to a relative import, a 'from . import x', an import inside a function,
     or an absolute 'from mmkit import x' (each would let a forbidden import through)."""
@@ -47,6 +49,7 @@ def test_the_parser_of_imports_sees_every_form_of_import(tmp_path):
     assert imported(module, "mmkit") >= {"os", "mmkit.data", "mmkit.train", "mmkit.checkpoint", "certkit.verdict"}
 
 
+@pytest.mark.quick
 def test_certify_and_the_lab_import_nothing_of_each_other():
     """Catches: certkit reaching into mmkit (certify would then need this project's training code), or the
     lab's package importing certify's internals."""
@@ -56,6 +59,7 @@ def test_certify_and_the_lab_import_nothing_of_each_other():
             assert not crossing, f"{package}/{path.name} imports {sorted(crossing)}"
 
 
+@pytest.mark.quick
 def test_checkpoint_code_never_imports_the_training_loop_nor_the_data_module():
     """Catches: a checkpoint module that imports train (the loop would then be inside its own I/O), or data
     (the checkpoint would then rebuild a data position the data module owns)."""
@@ -66,6 +70,7 @@ def test_checkpoint_code_never_imports_the_training_loop_nor_the_data_module():
         assert "mmkit.data" not in found, f"{name} imports mmkit.data"
 
 
+@pytest.mark.quick
 def test_the_packages_never_import_a_script_and_errors_is_a_leaf():
     """Catches: a package module importing a workflow script (a cycle through the scripts' path), or
     errors.py importing the package (every module imports it)."""
@@ -77,6 +82,7 @@ def test_the_packages_never_import_a_script_and_errors_is_a_leaf():
     assert not {m for m in imported(modules("mmkit")["errors"], "mmkit") if m.startswith("mmkit")}
 
 
+@pytest.mark.quick
 def test_every_module_of_both_packages_is_on_the_map():
     """Catches: a module added to mmkit or certkit that docs/architecture.md's layout does not name."""
     doc = (REPO / "docs" / "architecture.md").read_text()
@@ -86,6 +92,7 @@ def test_every_module_of_both_packages_is_on_the_map():
                 assert path.name in doc, f"docs/architecture.md does not name {package}/{path.name}"
 
 
+@pytest.mark.quick
 def test_run_py_stays_short_and_no_function_does_several_jobs():
     """Catches: the checkpoint policy or other library work growing back into run.py (issue 37: at most 120
     lines, no function over 40), a function anywhere in workflow/scripts over 60 lines (several jobs in one),

@@ -198,6 +198,7 @@ def test_two_releases_of_the_package_a_resume_goes_through_are_told_apart_and_ta
     assert (built / "releases.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.quick
 def test_the_first_release_exact_is_the_oldest_after_which_every_release_is_exact():
     """Catches: the first exact release taken for the fix when a later release broke again, releases ordered
     as strings (1.10 before 1.9) or without the package a resume goes through, a failed release counted as
@@ -222,6 +223,7 @@ def test_the_first_release_exact_is_the_oldest_after_which_every_release_is_exac
     assert "| accelerate | 1.10.0 | 0.9.0 or earlier |" in table
 
 
+@pytest.mark.quick
 def test_a_refused_resume_or_a_scenario_the_script_cannot_run_is_the_cells_result(monkeypatch, tmp_path):
     """Catches: a framework's failing resume that stops the whole audit, or a cell that then claims a verdict;
     any other failure (a straight run that fails) passed off as a cell's result; a scenario a script cannot run
@@ -253,6 +255,7 @@ def test_a_refused_resume_or_a_scenario_the_script_cannot_run_is_the_cells_resul
     assert audit.verdict(cell) == "unsupported" and cell["cause"].startswith("not supported: run.py")
 
 
+@pytest.mark.quick
 def test_a_control_is_caught_only_in_the_optimizer_at_the_step_after_the_cut_and_a_failed_one_is_not():
     """Catches: a control called caught at another step or in another piece (a weight changed later is no
     proof that the certificate sees the optimizer), a control run that fails passed off as caught, a control
@@ -292,6 +295,7 @@ def test_an_unknown_framework_in_the_config_is_one_line_naming_the_key(built):
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.quick
 def test_a_framework_that_is_not_installed_is_one_line_with_the_install_command(monkeypatch):
     """Catches: a missing package that surfaces as an ImportError traceback deep inside an example script."""
     monkeypatch.setitem(audit.PACKAGES, "lightning", f"no-such-package-{random.randrange(10**6)}")

@@ -244,6 +244,7 @@ def prepare(tmp_path, corpus, env=None):
                       "--val", tmp_path / "val.npy", env=env)
 
 
+@pytest.mark.quick
 def test_missing_corpus(tmp_path):
     assert_refused(prepare(tmp_path, tmp_path / "nope.txt"), "does not exist", out=tmp_path / "train.npy")
 
@@ -278,6 +279,7 @@ def test_stop_outside_the_run_is_refused(tiny_run, tmp_path, stop_at):
     assert_refused(proc, "nothing to train", out=tmp_path / "o.pth")
 
 
+@pytest.mark.quick
 def test_a_checkpoint_dir_that_is_a_dangling_symlink_is_refused_before_the_first_step(tmp_path):
     """Catches: a --checkpoint-dir that is a symlink to nothing taken for a folder still to make: the job trained
     up to its first checkpoint (step 4), then died on a FileExistsError traceback."""

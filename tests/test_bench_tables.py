@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 
 BENCH = REPO / "bench"
@@ -46,6 +47,7 @@ def test_the_speed_doc_shows_the_targets_table_the_csv_gives(tmp_path):
     assert block and block[1] == out.read_text()
 
 
+@pytest.mark.quick
 def test_every_target_figure_is_recomputed_from_the_csv():
     # catches: a ratio taken from the wrong row (dims, threads, precision), the matmul share computed against
     # another dtype's rate, MiB shown as GB, a 'met' that ignores the limit's direction

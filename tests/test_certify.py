@@ -35,6 +35,7 @@ def final_checkpoint(out, name):
     return {run: torch.load(out / "runs" / run / name, weights_only=True) for run in ("straight", "resumed")}
 
 
+@pytest.mark.quick
 def test_a_digest_sees_one_changed_byte_two_swapped_words_and_nothing_else():
     """Catches: a digest blind to a change (a sum of words sees no swap; a hash of the first bytes misses the
     last chunk), or one that draws from an RNG or depends on the object rather than its bytes."""
@@ -178,6 +179,7 @@ def test_a_torchrun_command_resumed_on_one_process_by_resume_command_is_judged_o
     assert "Resumed on 1 rank of 2" in (tmp_path / "verdict.md").read_text()
 
 
+@pytest.mark.quick
 def test_a_resume_on_fewer_ranks_is_judged_on_the_ranks_both_have_in_what_the_update_computes_from():
     """Catches: a resume on another number of ranks called not exact for the rank it no longer has, or for its
     own samples and RNG (one process takes both ranks' micro-batches); the update's pieces left uncompared

@@ -105,6 +105,7 @@ def wait_for(condition, what: str, limit: float = 300.0):
     return found
 
 
+@pytest.mark.quick
 def test_help_says_what_run_and_step_are_with_a_format_spec_and_each_exit_status():
     """Catches: --help that leaves {run} and {step} unexplained or hides that {step} takes a format spec, that
     lists no exit status, or whose usage line lacks --timeout."""

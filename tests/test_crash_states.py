@@ -59,6 +59,7 @@ def test_each_control_fails_every_committing_save_for_its_own_reason(tmp_path, c
         assert f": {kind}: continued from step" in report and REASONS[kind] in report, report
 
 
+@pytest.mark.quick
 def test_the_persistence_model_loses_what_no_fsync_made_durable():
     """The model itself, on operations written out by hand: a rename can persist without the data renamed
     (no fsync of the file), and a fsynced file can vanish with its rename (no fsync of the directory).

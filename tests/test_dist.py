@@ -340,6 +340,7 @@ def test_a_metadata_pickle_that_runs_code_is_refused(build, pipeline, tmp_path):
     assert marker.exists()
 
 
+@pytest.mark.quick
 def test_the_dcp_reader_refuses_a_metadata_pickle_that_runs_code(tmp_path):
     """Catches: the reader DCP loads through (_SafeReader.read_metadata) unpickling .metadata with pickle.load.
     The test above never gets that far (read_resume_dir refuses the file first), so this one calls it directly."""
@@ -359,6 +360,7 @@ def test_the_dcp_reader_refuses_a_metadata_pickle_that_runs_code(tmp_path):
     assert isinstance(refusal, UserError) and "refusing" in str(refusal), repr(refusal)
 
 
+@pytest.mark.quick
 def test_the_dcp_load_planner_refuses_a_value_pickle_that_runs_code(tmp_path):
     """Catches: the non-tensor values of a DCP checkpoint (AdamW's lr, betas, ...) loaded by
     _SafeLoadPlanner.load_bytes without weights_only; and a planner that refuses plain values too."""

@@ -3,6 +3,7 @@
 import re
 import shutil
 
+import pytest
 from conftest import REPO, run_script
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -20,6 +21,7 @@ def readme_recipe() -> str:
     return re.search(r"^readme:.*?\n\n", (REPO / "Makefile").read_text(), re.S | re.M)[0]
 
 
+@pytest.mark.quick
 def test_every_relative_link_points_to_an_existing_file():
     # catches: a topic file renamed or moved without its links; a link written from the repository root inside
     # docs/ (bench/results.md where ../bench/results.md is meant)
@@ -36,6 +38,7 @@ def test_every_relative_link_points_to_an_existing_file():
     assert {f"docs/{p.name}" for p in DOCS[1:]} <= linked
 
 
+@pytest.mark.quick
 def test_every_generated_block_lives_in_one_file_and_make_readme_fills_it():
     # catches: a block copied into two files (one of them would go stale), a block lost in a move (make readme
     # would fail only after its builds), a block make readme never fills, docs/*.md dropped from the recipe
@@ -57,6 +60,7 @@ def copy_docs(tmp_path) -> list:
     return [tmp_path / doc.relative_to(REPO) for doc in DOCS]
 
 
+@pytest.mark.quick
 def test_refilling_every_block_with_its_own_text_changes_no_byte(tmp_path):
     # catches: a splice that adds or drops a newline at a block's edge, or touches text outside it; a file
     # rewritten when nothing in it changed
@@ -72,6 +76,7 @@ def test_refilling_every_block_with_its_own_text_changes_no_byte(tmp_path):
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in copies} == before
 
 
+@pytest.mark.quick
 def test_each_block_is_filled_in_the_file_that_holds_it(tmp_path):
     # catches: every block spliced into the first file named; the text around a block lost
     one, two = tmp_path / "one.md", tmp_path / "two.md"
@@ -85,6 +90,7 @@ def test_each_block_is_filled_in_the_file_that_holds_it(tmp_path):
     assert two.read_text() == "# two\n<!-- b:start -->\n| new | b |\n<!-- b:end -->\n"
 
 
+@pytest.mark.quick
 def test_a_block_found_nowhere_or_twice_is_one_line_and_changes_no_file(tmp_path):
     # catches: a block silently skipped, or filled in one file while its copy in another goes stale; a half-made
     # run that filled the first block before refusing the second

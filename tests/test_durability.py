@@ -98,6 +98,7 @@ def test_a_stale_tmp_is_never_loaded(tiny_run, tmp_path):
     assert torch.load(tmp_path / "out.pth", weights_only=True).keys()
 
 
+@pytest.mark.quick
 def test_disk_full_during_save_is_one_clear_error_and_the_previous_file_survives(tmp_path, monkeypatch):
     path = tmp_path / "resume.pth"
     save_atomic(state_for(0), path)
@@ -183,6 +184,7 @@ def test_killed_snakemake_job_is_rebuilt_alone_with_the_same_bits(tmp_path):
     assert_same_state_dict(a, b)
 
 
+@pytest.mark.quick
 def test_a_save_writes_flushes_fsyncs_the_file_renames_then_fsyncs_the_directory(tmp_path, monkeypatch):
     """A SIGKILL keeps the page cache, so only the order of the calls can show that a save survives power
     loss: the bytes reach the file and the disk before the rename, and the rename reaches the disk after."""

@@ -127,6 +127,7 @@ def test_the_steps_follow_minimind_accumulation_and_trailing_step(parity_runs):
     assert logged == [float(f"{x:.3e}") for x in lrs[:12]]
 
 
+@pytest.mark.quick
 def test_minimind3_is_minimind_head_s_architecture(tmp_path):
     """Catches: a missing q/k norm, another MLP width or eps; and checks the export against transformers'
     Qwen3ForCausalLM, an implementation that is not ours (at d65ef2c MiniMind-3 matched it: max |Δlogit| 0)."""

@@ -2,6 +2,7 @@
 
 import re
 
+import pytest
 import yaml
 from conftest import REPO
 
@@ -17,12 +18,14 @@ def pip_requirements(name: str) -> set[str]:
     return reqs
 
 
+@pytest.mark.quick
 def test_environment_yml_and_requirements_list_the_same_packages():
     env = yaml.safe_load((REPO / "environment.yml").read_text())
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     assert set(pip_section) == pip_requirements("requirements-test.txt")
 
 
+@pytest.mark.quick
 def test_torch_is_pinned_to_the_cpu_build_on_disk():
     # an unpinned torch pulls a multi-GB CUDA build
     assert "torch==2.13.0" in pip_requirements("requirements.txt")

@@ -160,6 +160,7 @@ def test_nonfinite_skip_leaves_the_weights_untouched_for_that_step_and_logs_it(t
 # --- compare.py never hides a NaN ---------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_compare_reports_nan_and_never_a_finite_max_around_it(tmp_path):
     a = {"w": torch.tensor([1.0, 2.0, 3.0]), "v": torch.tensor([1.0, 2.0]), "u": torch.tensor([1.0])}
     b = {"w": torch.tensor([1.0, math.nan, 3.0]), "v": torch.tensor([1.0, 2.5]), "u": torch.tensor([math.inf])}

@@ -56,6 +56,7 @@ def test_each_step_option_resumes_bit_exactly_and_has_its_own_bits(pipeline, tin
         f"{option} gave the default step's bits: the setting did nothing"
 
 
+@pytest.mark.quick
 def test_attention_written_out_computes_what_sdpa_computes():
     # catches: a wrong mask (future tokens seen), a missing 1/sqrt(d), softmax over the wrong axis
     from mmkit.model import MiniMindForCausalLM, ModelConfig
@@ -90,6 +91,7 @@ def test_precision_auto_is_bf16_exactly_where_bf16_was_measured_faster(tiny_run,
           "--stop-at", 4)
 
 
+@pytest.mark.quick
 def test_precision_auto_follows_the_machines_where_bf16_was_measured_faster():
     # catches: auto picking bf16 on Intel's AVX512-BF16 without AMX, where the bf16 step was 1.7x slower, or
     # missing AMD's, where it was 0.61x of fp32 (bench section b)

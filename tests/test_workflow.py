@@ -29,6 +29,7 @@ def fresh(tmp_path):
     return work
 
 
+@pytest.mark.quick
 def test_dry_run_plans_every_artifact_once(fresh):
     proc = snakemake(fresh, "-n")
     jobs = planned_jobs(proc)
