@@ -1,4 +1,9 @@
-"""Bad input: one clear line, a non-zero exit, no output written, and nothing of the user's damaged."""
+"""Bad input: one clear line, a non-zero exit, no output written, and nothing of the user's damaged.
+
+The cases of run.py's checks of a resume file and a token file call its own code in this process
+(tests/in_process.py: the UserError whose text is the line); one case of each path runs as a real process,
+for the exit status, the one last line, and the output neither written nor damaged.
+"""
 
 import pickle
 import subprocess
@@ -10,6 +15,7 @@ import pytest
 import torch
 import yaml
 from conftest import clean_env, copy_workflow, run_script, tiny_config
+from in_process import refusal, until_first_step
 
 
 def assert_refused(proc, *words, out=None):
@@ -20,6 +26,17 @@ def assert_refused(proc, *words, out=None):
         assert w in errors[0], errors[0]
     if out is not None:
         assert not out.exists() and not out.with_name(out.name + ".tmp").exists()
+
+
+def said(error: str, *words) -> None:
+    for w in words:
+        assert w in error, error
+
+
+def resume_refusal(tiny_run, resume, *extra) -> str:
+    """The line run.py refuses RESUME with, from its code in this process."""
+    return refusal("--config", tiny_run["config"], "--tokens", tiny_run["tokens"], "--resume", resume,
+                   "--out", "never-written.pth", *extra)
 
 
 def resume_from(tiny_run, resume, out, *extra, config=None):
@@ -37,41 +54,35 @@ def write_config(tmp_path, name, **overrides):
 
 
 def test_missing_resume_file(tiny_run, tmp_path):
-    assert_refused(resume_from(tiny_run, tmp_path / "nope.pth", tmp_path / "o.pth"), "does not exist",
-                   out=tmp_path / "o.pth")
+    said(resume_refusal(tiny_run, tmp_path / "nope.pth"), "does not exist")
 
 
 def test_empty_resume_file(tiny_run, tmp_path):
     (tmp_path / "empty.pth").write_bytes(b"")
-    assert_refused(resume_from(tiny_run, tmp_path / "empty.pth", tmp_path / "o.pth"), "is empty",
-                   out=tmp_path / "o.pth")
+    said(resume_refusal(tiny_run, tmp_path / "empty.pth"), "is empty")
 
 
 def test_random_bytes(tiny_run, tmp_path):
     (tmp_path / "noise.pth").write_bytes(np.random.default_rng(0).bytes(4096))
-    assert_refused(resume_from(tiny_run, tmp_path / "noise.pth", tmp_path / "o.pth"), "not a torch checkpoint",
-                   out=tmp_path / "o.pth")
+    said(resume_refusal(tiny_run, tmp_path / "noise.pth"), "not a torch checkpoint")
 
 
 @pytest.mark.parametrize("fraction", [0.01, 0.3, 0.5, 0.9, 0.999])
 def test_truncated_resume_file(tiny_run, tmp_path, fraction):
     data = tiny_run["resume"].read_bytes()
     (tmp_path / "cut.pth").write_bytes(data[: int(len(data) * fraction)])
-    assert_refused(resume_from(tiny_run, tmp_path / "cut.pth", tmp_path / "o.pth"), "cut.pth",
-                   out=tmp_path / "o.pth")
+    said(resume_refusal(tiny_run, tmp_path / "cut.pth"), "cut.pth")
 
 
 def test_zip_that_is_not_a_torch_file(tiny_run, tmp_path):
     with zipfile.ZipFile(tmp_path / "other.pth", "w") as z:
         z.writestr("hello.txt", "not a checkpoint")
-    assert_refused(resume_from(tiny_run, tmp_path / "other.pth", tmp_path / "o.pth"), "not a torch checkpoint",
-                   out=tmp_path / "o.pth")
+    said(resume_refusal(tiny_run, tmp_path / "other.pth"), "not a torch checkpoint")
 
 
 def test_bare_tensor_is_not_a_resume_file(tiny_run, tmp_path):
     torch.save(torch.zeros(3), tmp_path / "tensor.pth")
-    assert_refused(resume_from(tiny_run, tmp_path / "tensor.pth", tmp_path / "o.pth"), "Tensor",
-                   out=tmp_path / "o.pth")
+    said(resume_refusal(tiny_run, tmp_path / "tensor.pth"), "Tensor")
 
 
 @pytest.mark.parametrize("key", ["model", "optimizer", "step", "gen_state", "fingerprint"])
@@ -79,8 +90,7 @@ def test_resume_file_missing_a_key(tiny_run, tmp_path, key):
     state = torch.load(tiny_run["resume"], weights_only=True)
     del state[key]
     torch.save(state, tmp_path / "partial.pth")
-    assert_refused(resume_from(tiny_run, tmp_path / "partial.pth", tmp_path / "o.pth"), repr(key),
-                   out=tmp_path / "o.pth")
+    said(resume_refusal(tiny_run, tmp_path / "partial.pth"), repr(key))
 
 
 class Payload:
@@ -99,8 +109,7 @@ def test_pickle_that_would_run_code_is_refused_and_never_runs(tiny_run, tmp_path
     state["step"] = Payload(marker)
     torch.save(state, tmp_path / "evil.pth")
     assert not marker.exists()
-    assert_refused(resume_from(tiny_run, tmp_path / "evil.pth", tmp_path / "o.pth"), "refusing to unpickle",
-                   out=tmp_path / "o.pth")
+    said(resume_refusal(tiny_run, tmp_path / "evil.pth"), "refusing to unpickle")
     assert not marker.exists()  # the payload never ran
 
 
@@ -133,8 +142,7 @@ def other_resume(tmp_path, tiny_run, name, **overrides):
 )
 def test_resume_made_under_other_settings_is_refused_naming_the_difference(tiny_run, tmp_path, overrides, named):
     resume = other_resume(tmp_path, tiny_run, "other", **overrides)
-    assert_refused(resume_from(tiny_run, resume, tmp_path / "o.pth"), named, "--allow-mismatch",
-                   out=tmp_path / "o.pth")
+    said(resume_refusal(tiny_run, resume), named, "--allow-mismatch")
 
 
 def test_allow_mismatch_continues_and_says_bit_exactness_is_lost(tiny_run, tmp_path):
@@ -180,8 +188,7 @@ def test_a_resume_from_other_training_code_is_refused_naming_the_module(tiny_run
 
 def test_other_model_dims_even_with_override_name_the_shape(tiny_run, tmp_path):
     resume = other_resume(tmp_path, tiny_run, "other", model={"hidden_size": 32})
-    assert_refused(resume_from(tiny_run, resume, tmp_path / "o.pth", "--allow-mismatch"), "shape",
-                   out=tmp_path / "o.pth")
+    said(resume_refusal(tiny_run, resume, "--allow-mismatch"), "shape")
 
 
 def test_a_resume_file_with_halved_weights_is_refused_unless_allow_mismatch(tiny_run, tmp_path):
@@ -195,8 +202,7 @@ def test_a_resume_file_with_halved_weights_is_refused_unless_allow_mismatch(tiny
     assert {str(t.dtype) for t in state["model"].values()} == {"torch.float16"}
     assert state["optimizer"]["state"][0]["exp_avg"].dtype == torch.float32  # only the weights were halved
     assert state["fingerprint"]["weights_dtype"] == "float16"
-    assert_refused(resume_from(tiny_run, half, tmp_path / "o.pth"), "weights_dtype float16 in the file",
-                   "--allow-mismatch", out=tmp_path / "o.pth")
+    said(resume_refusal(tiny_run, half), "weights_dtype float16 in the file", "--allow-mismatch")
     proc = resume_from(tiny_run, half, tmp_path / "o.pth", "--allow-mismatch")
     assert proc.returncode == 0 and "not be bit-exact" in proc.stderr, proc.stderr[-2000:]
 
@@ -223,9 +229,8 @@ def test_failed_resume_leaves_an_existing_output_untouched(tiny_run, tmp_path):
 )
 def test_bad_token_file(tiny_run, tmp_path, array, words):
     np.save(tmp_path / "tokens.npy", array)
-    proc = run_script("run.py", "--config", tiny_run["config"], "--tokens", tmp_path / "tokens.npy",
-                      "--out", tmp_path / "o.pth")
-    assert_refused(proc, words, out=tmp_path / "o.pth")
+    said(refusal("--config", tiny_run["config"], "--tokens", tmp_path / "tokens.npy", "--out", "never-written.pth"),
+         words)
 
 
 def test_token_file_that_is_not_npy(tiny_run, tmp_path):
@@ -297,15 +302,15 @@ def test_a_checkpoint_dir_that_is_a_dangling_symlink_is_refused_before_the_first
 
 
 def train_one_step_on(tiny_run, tmp_path, tokens, refusal_words=None):
-    """run.py on TOKENS for one step: it must succeed, or, given REFUSAL_WORDS, be refused with them."""
+    """run.py on TOKENS for one step, in this process up to that step: its checks must let it start, or, given
+    REFUSAL_WORDS, refuse it with them."""
     np.save(tmp_path / "tokens.npy", tokens)
-    out = tmp_path / "o.pth"
-    proc = run_script("run.py", "--config", tiny_run["config"], "--tokens", tmp_path / "tokens.npy",
-                      "--out", out, "--stop-at", 1)
+    args = ("--config", tiny_run["config"], "--tokens", tmp_path / "tokens.npy", "--out", "never-written.pth",
+            "--stop-at", 1)
     if refusal_words is None:
-        assert proc.returncode == 0, proc.stderr
+        until_first_step(*args)
     else:
-        assert_refused(proc, *refusal_words, out=out)
+        said(refusal(*args), *refusal_words)
 
 
 @pytest.mark.parametrize("ids, refused", [((0, 511), None), ((0, 512), ("token id 512", "outside 0..511")),
@@ -395,18 +400,14 @@ def test_any_malformed_command_line_of_run_py_is_one_line_and_exit_2_and_nothing
     or one that writes a file before it is refused; property-based, 300 examples, each one defect among
     well-formed options in any order."""
     import contextlib
-    import importlib.util
     import io
 
-    from conftest import SCRIPTS
     from hypothesis import HealthCheck, given, settings, strategies as st
+    from in_process import RUN_PY as run
 
     from mmkit.errors import run_cli
     from mmkit.ablations import ABLATIONS
 
-    spec = importlib.util.spec_from_file_location("run_under_test", SCRIPTS / "run.py")
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
     folder = tmp_path_factory.mktemp("command-lines")
     (folder / "config.yaml").write_text(yaml.safe_dump(tiny_config()))
     np.save(folder / "tokens.npy", np.arange(1000, dtype=np.uint16))

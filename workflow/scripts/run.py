@@ -34,7 +34,7 @@ from mmkit.parallel import start, weights  # noqa: E402
 from mmkit.train import build, make_deterministic, resolve_auto_precision, train  # noqa: E402
 
 
-def parse_args():
+def parse_args(argv=None):
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="config YAML: config.yaml, or a job's settings file")
     p.add_argument("--tokens", help="training tokens, 1-D integer .npy (data.format: windows)")
@@ -51,13 +51,23 @@ def parse_args():
     p.add_argument("--checkpoint-dir", help="this job's folder of periodic checkpoints (checkpoint.every); "
                    "a restart continues from the newest one of this run")
     p.add_argument("--timing", help="JSON with this run's steps and wall time")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     args.options = resume_options(args)
     return args
 
 
 def main():
     args = parse_args()
+    cfg, stop_at, device = configure(args)
+    ranks = start(cfg.parallel, device, args.rank_generators)
+    try:
+        run(args, cfg, stop_at, device, ranks)
+    finally:
+        ranks.close()
+
+
+def configure(args):
+    """(the run's settings, the step it stops after or None, its device), the process made deterministic."""
     settings = load_config(args.config)
     cfg = run_config(settings)
     stop_at = settings.stop_at if args.stop_at == "config" else args.stop_at
@@ -66,14 +76,12 @@ def main():
                         "epochs; --no-skip rewinds it)")
     device = make_deterministic(cfg)
     cfg = resolve_auto_precision(cfg, device)  # once: the fingerprint, the timing and the report get the result
-    ranks = start(cfg.parallel, device, args.rank_generators)
-    try:
-        run(args, cfg, stop_at, device, ranks)
-    finally:
-        ranks.close()
+    return cfg, stop_at, device
 
 
-def run(args, cfg, stop_at, device, ranks):
+def prepare(args, cfg, stop_at, device, ranks):
+    """Everything before the first step: the data, the model and its optimizer at step 0, the --resume file
+    checked whole and put in; returns (live, plan, expected, last step). The tests call it in-process."""
     data = TrainingData(cfg, args.tokens, args.jsonl, args.tokenizer)
     live = build(cfg, device, ranks, data)
     plan = StepPlan(cfg.accumulation_steps, data.batches_per_epoch)
@@ -81,6 +89,11 @@ def run(args, cfg, stop_at, device, ranks):
     expected = Expected(plan, cfg.seed, live.batches, last_step)
     if args.resume:
         store.resume(args.resume, live, expected, args.options)
+    return live, plan, expected, last_step
+
+
+def run(args, cfg, stop_at, device, ranks):
+    live, plan, expected, last_step = prepare(args, cfg, stop_at, device, ranks)
     # the ablations that shift the LR schedule or the data position (in micro-batches) keep them shifted
     schedule_offset = plan.consumed(live.step) if args.options.restarts_schedule else 0
     expected.rewound_from(live.step, live.batches.position)

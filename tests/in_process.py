@@ -1,0 +1,53 @@
+"""run.py's checks called in the test's own process, without starting one: the same code path up to the first
+step (run.py's configure and prepare), so a check that refuses a resume file or a setting raises the very
+UserError whose text run.py prints as its one `error:` line.
+
+What only a real process shows, the exit status, that the line is the last one, that nothing is written, is
+left to one real-process test per command line (test_bad_input, test_resume_contents); the many cases of
+each check run here, at a fraction of a second each instead of a process start and a model build.
+"""
+
+import importlib.util
+import signal
+
+import pytest
+from conftest import SCRIPTS
+
+from mmkit.errors import UserError
+from mmkit.parallel import start
+
+
+def _load_run_py():
+    """workflow/scripts/run.py as a module. Importing it installs the training job's SIGTERM/SIGUSR1 handlers
+    (mmkit.preemption, first thing): this process is pytest's, so its own handlers are put back."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        spec = importlib.util.spec_from_file_location("run_py", SCRIPTS / "run.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    return module
+
+
+RUN_PY = _load_run_py()
+
+
+def until_first_step(*argv):
+    """`run.py ARGV` in this process, up to its first step: (live, plan, expected, last step)."""
+    args = RUN_PY.parse_args([str(a) for a in argv])
+    cfg, stop_at, device = RUN_PY.configure(args)
+    ranks = start(cfg.parallel, device, args.rank_generators)
+    try:
+        return RUN_PY.prepare(args, cfg, stop_at, device, ranks)
+    finally:
+        ranks.close()
+
+
+def refusal(*argv) -> str:
+    """The line `run.py ARGV` refuses to start with (after its `error: `); fails if it would start."""
+    with pytest.raises(UserError) as refused:
+        until_first_step(*argv)
+    assert type(refused.value) is UserError  # exit 2, not NaN's 3
+    return str(refused.value)
