@@ -46,8 +46,9 @@ def _forkable(env: dict) -> bool:
     return at_load(env) == at_load(os.environ)
 
 
-def _child(script: str, args: list, cwd: str, env: dict, stdout: str, stderr: str) -> None:
-    """In the forked process: become `python SCRIPT ARGS` in CWD with ENV, writing to the two paths."""
+def _child(script: str, args: list, cwd: str, env: dict, stdout: str, stderr: str, status: str) -> None:
+    """In the forked process: become `python SCRIPT ARGS` in CWD with ENV, writing to the two paths; the exit
+    status it ends with also goes to the file STATUS (see Started.wait)."""
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -57,7 +58,15 @@ def _child(script: str, args: list, cwd: str, env: dict, stdout: str, stderr: st
         os.close(opened)
     sys.argv = [script, *args]
     sys.path[0] = str(Path(script).parent)  # as `python SCRIPT` puts the script's folder first
-    runpy.run_path(script, run_name="__main__")
+    code = 1  # an exception: multiprocessing's status for it
+    try:
+        runpy.run_path(script, run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
+        raise
+    finally:
+        Path(status).write_text(f"{code}\n")
 
 
 class _Follow:
@@ -102,8 +111,10 @@ class Started:
         self._out.touch()
         err.touch()
         if _forkable(env):
+            self._status = Path(self._dir.name) / "status"
             self._proc, self._process = None, _server().Process(target=_child, args=(str(script), args, cwd, env,
-                                                                                     str(self._out), str(err)))
+                                                                                     str(self._out), str(err),
+                                                                                     str(self._status)))
             self._process.start()
             self.pid = self._process.pid
         else:
@@ -130,6 +141,10 @@ class Started:
         self._process.join(timeout)
         if self._process.exitcode is None:
             raise subprocess.TimeoutExpired(str(self._process), timeout)
+        # 255: the fork server's report of the status was lost (it happens under load, CPython issue #140867);
+        # a script that ran to its end wrote the status it exits with
+        if self._process.exitcode == 255 and self._status.exists():
+            return int(self._status.read_text())
         return self._process.exitcode
 
     def finish(self) -> subprocess.CompletedProcess:
