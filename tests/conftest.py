@@ -35,6 +35,13 @@ TINY = {
     },
 }
 
+# the tiny overlay with checkpoints every 2 steps, for the builds that are interrupted (Snakemake killed, SLURM's
+# preemptions) and then compared with the pristine build: only the files below may differ from it
+CHECKPOINTED = {**TINY, "outdir": "results",
+                "checkpoint": {"every": 2, "keep": 2, "keep_when_done": False, "async": False}}
+# logs and timing: wall-clock; settings/: checkpoint.every differs on purpose; checkpoints/: none are left
+NOT_COMPARED = ("logs/", "timing/", "checkpoints/", "settings/")
+
 
 # the tests that mostly wait (on SLURM's polling, on processes killed and restarted) go first, so that
 # under pytest-xdist (make test: -n 2 --dist loadfile --no-loadscope-reorder, which keeps this order

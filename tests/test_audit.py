@@ -113,6 +113,18 @@ def test_each_framework_resumes_through_its_own_resume_and_the_cell_says_how_exa
     assert found["repaired"] == (cell["repair_exact"] is True)
 
 
+def test_this_projects_run_py_is_certified_exact_and_its_weights_agree(built):
+    """Catches: a recorder that changes what run.py computes, or a verdict of exact that its weights refute;
+    run.py's auto-resume continuing from anything but its own step-K checkpoint. (The own row of the audit
+    is run.py under certify, unmodified, auto-resumed from its checkpoint folder.)"""
+    cell = json.loads((built / "own" / SCENARIO / "cell.json").read_text())
+    runs = built / "own" / SCENARIO / "certify"
+    assert cell["exact"] is True and same_final(runs / "straight", runs / "resumed"), cell
+    assert judged_from_files(runs, SCENARIO, repaired=False)["exact"]
+    resumed_log = (runs / "resumed.log").read_text()
+    assert "continuing from checkpoint" in resumed_log and f"step_{CUT:06d}.pth" in resumed_log, resumed_log[-1500:]
+
+
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_each_negative_control_is_caught_at_the_first_step_after_the_cut(built, framework):
     """Catches: a certificate blind to the optimizer state (an emptied AdamW would pass as exact), or a control

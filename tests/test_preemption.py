@@ -19,8 +19,8 @@ import launch
 import pytest
 import torch
 import yaml
-from conftest import (SCRIPTS, TINY, assert_same_state_dict, clean_env, compare_builds, copy_workflow, run_script,
-                      snakemake)
+from conftest import (CHECKPOINTED, NOT_COMPARED, SCRIPTS, TINY, assert_same_state_dict, clean_env, compare_builds,
+                      copy_workflow, run_script, snakemake)
 
 STEPS = 100
 EVERY = 3
@@ -374,7 +374,6 @@ def test_a_full_disk_under_the_checkpoint_folder_is_one_error_and_the_last_check
 # training step or a save, with whatever outputs are incomplete then. Six were ten: the restarts after the
 # sixth only repeat those moments, at 5 s of startup and unlock each.
 SNAKEMAKE_KILLS = 6
-NOT_COMPARED = ("logs/", "timing/", "checkpoints/", "settings/")  # settings/: checkpoint.every differs on purpose
 
 
 def test_snakemake_killed_again_and_again_and_rerun_incomplete_ends_with_the_clean_build_artifacts(pipeline,
@@ -382,8 +381,7 @@ def test_snakemake_killed_again_and_again_and_rerun_incomplete_ends_with_the_cle
     """Catches: an incomplete output taken as finished, a lock that blocks the restart, a training job that
     resumes a checkpoint wrongly after its Snakemake died, any artifact that differs from a clean build."""
     work = copy_workflow(tmp_path / "w")
-    checkpoint = {"every": 2, "keep": 2, "keep_when_done": False, "async": False}
-    (work / "tiny.yaml").write_text(yaml.safe_dump({**TINY, "outdir": "results", "checkpoint": checkpoint}))
+    (work / "tiny.yaml").write_text(yaml.safe_dump(CHECKPOINTED))
     rng = random.Random("snakemake-chaos")
     kills = []
     while len(kills) < SNAKEMAKE_KILLS:

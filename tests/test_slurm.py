@@ -1,5 +1,5 @@
-"""On a real SLURM cluster: the whole DAG through profiles/slurm, preempted and requeued, bit-identical to a
-local build.
+"""On a real SLURM cluster: the whole DAG through profiles/slurm, preempted and requeued, bit-identical to the
+tests' local build of the tiny pipeline.
 
 The cluster is real (munged, slurmctld, slurmd), started by cluster/start.sh, which needs root on Debian;
 elsewhere these tests skip with the reason, and in CI a skip is a failure.
@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, STOP_AT_SESSION_END, TINY, clean_env, compare_builds, copy_workflow
+from conftest import CHECKPOINTED, NOT_COMPARED, REPO, STOP_AT_SESSION_END, clean_env, compare_builds, copy_workflow
 
-# long enough that a training job can be caught running; checkpoints every 10 steps
-SLURM_RUN = {**TINY, "steps": 200, "stop_at": 50, "outdir": "results",
-             "checkpoint": {"every": 10, "keep": 2, "keep_when_done": False, "async": False}}
+# the tiny pipeline with a checkpoint every 2 steps, each step made 0.5 s longer (mmkit.failpoint): a 12-step
+# training job runs for some seconds, long enough to be caught running after its first checkpoint. The sleep
+# changes no bit, so the build must equal the pristine one (settings/ apart: checkpoint.every)
+SLURM_RUN = CHECKPOINTED
+SLOW = {"MMKIT_FAILPOINT": "slow=0.5"}
 DAG_TIMEOUT_S = 900
-# wall-clock and per-job logs: never the same twice, on one machine or two
-NOT_COMPARED = ("logs/", "timing/", "checkpoints/")
 
 
 @pytest.fixture(scope="session")
@@ -95,19 +95,13 @@ def preempt_when_running(work: Path, rule: str, action) -> str | None:
     return job
 
 
-def test_the_dag_on_slurm_survives_usr1_and_a_requeue_and_equals_a_local_build(cluster, tmp_path):
+def test_the_dag_on_slurm_survives_usr1_and_a_requeue_and_equals_a_local_build(cluster, tmp_path, request):
     """Catches: a profile or rule that does not run on SLURM, a preempted job that does not checkpoint, a
     retry or requeue that starts over wrongly or loses the checkpoint, any artifact that differs from a
     local build."""
-    # the local build, to compare with, runs beside the SLURM DAG: that one mostly waits on the scheduler
-    local = workdir(tmp_path / "local")
-    with open(tmp_path / "local.log", "w") as log:  # a file, not a pipe: nobody reads it until the end
-        local_build = subprocess.Popen(snakemake_cmd("--cores", "2"), cwd=local, stdout=log, stderr=log,
-                                       env=clean_env(), start_new_session=True)
-
     work = workdir(tmp_path / "slurm")
     t0 = time.monotonic()
-    dag = subprocess.Popen(snakemake_cmd("--workflow-profile", "profiles/slurm"), cwd=work, env=clean_env(),
+    dag = subprocess.Popen(snakemake_cmd("--workflow-profile", "profiles/slurm"), cwd=work, env={**clean_env(), **SLOW},
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     # straight: SLURM signals USR1 (as before a time limit): checkpoint, exit 75, and Snakemake's retry resumes
     # resumed: the scheduler requeues it (as a preempting partition does): SIGTERM, and the same job runs again
@@ -122,11 +116,9 @@ def test_the_dag_on_slurm_survives_usr1_and_a_requeue_and_equals_a_local_build(c
         time.sleep(0.2)
     if dag.poll() is None:
         os.killpg(dag.pid, 9)
-        os.killpg(local_build.pid, 9)
         pytest.fail(f"the SLURM DAG did not finish in {DAG_TIMEOUT_S} s")
     output = dag.stdout.read()
     seconds = time.monotonic() - t0
-    assert local_build.wait(timeout=DAG_TIMEOUT_S) == 0, (tmp_path / "local.log").read_text()[-3000:]
     assert dag.returncode == 0, output[-4000:]
     assert preempted.keys() == plan.keys(), f"caught running: {preempted}\n{output[-2000:]}"
 
@@ -140,8 +132,10 @@ def test_the_dag_on_slurm_survives_usr1_and_a_requeue_and_equals_a_local_build(c
         log = (work / "results" / "logs" / f"{rule}.log").read_text()
         assert "resume: continuing from checkpoint" in log, log[-1500:]
 
-    compared, differing = compare_builds(work / "results", local / "results", NOT_COMPARED)
-    assert compared == compare_builds(local / "results", work / "results", NOT_COMPARED)[0]  # the same files
+    # the local build: the tests' pristine tiny pipeline (built meanwhile by the other worker, or waited for here)
+    local = request.getfixturevalue("pristine_pipeline") / "results"
+    compared, differing = compare_builds(work / "results", local, NOT_COMPARED)
+    assert compared == compare_builds(local, work / "results", NOT_COMPARED)[0]  # the same files
     print(f"\nSLURM DAG: {seconds:.0f} s, {len(compared)} artifacts, {len(differing)} differ; USR1 to job "
           f"{preempted['straight']} (straight), requeue of job {preempted['resumed']} (resumed)")
     assert differing == []
