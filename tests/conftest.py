@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import launch
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -249,6 +250,24 @@ def pipeline(pristine_pipeline, tmp_path_factory) -> Path:
     shutil.copytree(pristine_pipeline, work, symlinks=True)
     copy_workflow(work)
     return work / "results"
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory) -> dict:
+    """What the checks of a resume file and a token file read, made by run.py alone in seconds, without waiting
+    on the tiny pipeline: the tiny config (steps 12, stop_at 5), random tokens, the resume file of a run
+    stopped at stop_at, and the weights of the run straight through (both runs at once)."""
+    tmp = tmp_path_factory.mktemp("small_run")
+    files = {"config": tmp / "config.yaml", "tokens": tmp / "train.npy", "resume": tmp / "resume.pth",
+             "straight": tmp / "straight.pth"}
+    files["config"].write_text(yaml.safe_dump(tiny_config()))
+    np.save(files["tokens"], np.random.default_rng(0).integers(0, TINY["model"]["vocab_size"], 4096, dtype=np.uint16))
+    common = ["--config", files["config"], "--tokens", files["tokens"]]
+    runs = [launch.Started(SCRIPTS / "run.py", [*common, *args], env=clean_env())
+            for args in (["--out", files["resume"], "--stop-at"], ["--out", files["straight"]])]
+    for proc in (r.finish() for r in runs):
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    return files
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """run.py's checks called in the test's own process, without starting one: the same code path up to the first
-step (run.py's configure and prepare), so a check that refuses a resume file or a setting raises the very
-UserError whose text run.py prints as its one `error:` line.
+step (mmkit.train.configure, then run.py's prepare), so a check that refuses a resume file or a setting raises
+the very UserError whose text run.py prints as its one `error:` line.
 
 What only a real process shows, the exit status, that the line is the last one, that nothing is written, is
 left to one real-process test per command line (test_bad_input, test_resume_contents); the many cases of
@@ -15,6 +15,7 @@ from conftest import SCRIPTS
 
 from mmkit.errors import UserError
 from mmkit.parallel import start
+from mmkit.train import configure
 
 
 def _load_run_py():
@@ -37,7 +38,7 @@ RUN_PY = _load_run_py()
 def until_first_step(*argv):
     """`run.py ARGV` in this process, up to its first step: (live, plan, expected, last step)."""
     args = RUN_PY.parse_args([str(a) for a in argv])
-    cfg, stop_at, device = RUN_PY.configure(args)
+    cfg, stop_at, device = configure(args.config, args.stop_at, args.options)
     ranks = start(cfg.parallel, device, args.rank_generators)
     try:
         return RUN_PY.prepare(args, cfg, stop_at, device, ranks)

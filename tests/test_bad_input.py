@@ -33,14 +33,14 @@ def said(error: str, *words) -> None:
         assert w in error, error
 
 
-def resume_refusal(tiny_run, resume, *extra) -> str:
+def resume_refusal(small_run, resume, *extra) -> str:
     """The line run.py refuses RESUME with, from its code in this process."""
-    return refusal("--config", tiny_run["config"], "--tokens", tiny_run["tokens"], "--resume", resume,
+    return refusal("--config", small_run["config"], "--tokens", small_run["tokens"], "--resume", resume,
                    "--out", "never-written.pth", *extra)
 
 
-def resume_from(tiny_run, resume, out, *extra, config=None):
-    return run_script("run.py", "--config", config or tiny_run["config"], "--tokens", tiny_run["tokens"],
+def resume_from(small_run, resume, out, *extra, config=None):
+    return run_script("run.py", "--config", config or small_run["config"], "--tokens", small_run["tokens"],
                       "--resume", resume, "--out", out, *extra)
 
 
@@ -53,44 +53,51 @@ def write_config(tmp_path, name, **overrides):
 # --- resume files that must not load ------------------------------------------------------------
 
 
-def test_missing_resume_file(tiny_run, tmp_path):
-    said(resume_refusal(tiny_run, tmp_path / "nope.pth"), "does not exist")
+@pytest.mark.quick
+def test_missing_resume_file(small_run, tmp_path):
+    said(resume_refusal(small_run, tmp_path / "nope.pth"), "does not exist")
 
 
-def test_empty_resume_file(tiny_run, tmp_path):
+@pytest.mark.quick
+def test_empty_resume_file(small_run, tmp_path):
     (tmp_path / "empty.pth").write_bytes(b"")
-    said(resume_refusal(tiny_run, tmp_path / "empty.pth"), "is empty")
+    said(resume_refusal(small_run, tmp_path / "empty.pth"), "is empty")
 
 
-def test_random_bytes(tiny_run, tmp_path):
+@pytest.mark.quick
+def test_random_bytes(small_run, tmp_path):
     (tmp_path / "noise.pth").write_bytes(np.random.default_rng(0).bytes(4096))
-    said(resume_refusal(tiny_run, tmp_path / "noise.pth"), "not a torch checkpoint")
+    said(resume_refusal(small_run, tmp_path / "noise.pth"), "not a torch checkpoint")
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("fraction", [0.01, 0.3, 0.5, 0.9, 0.999])
-def test_truncated_resume_file(tiny_run, tmp_path, fraction):
-    data = tiny_run["resume"].read_bytes()
+def test_truncated_resume_file(small_run, tmp_path, fraction):
+    data = small_run["resume"].read_bytes()
     (tmp_path / "cut.pth").write_bytes(data[: int(len(data) * fraction)])
-    said(resume_refusal(tiny_run, tmp_path / "cut.pth"), "cut.pth")
+    said(resume_refusal(small_run, tmp_path / "cut.pth"), "cut.pth")
 
 
-def test_zip_that_is_not_a_torch_file(tiny_run, tmp_path):
+@pytest.mark.quick
+def test_zip_that_is_not_a_torch_file(small_run, tmp_path):
     with zipfile.ZipFile(tmp_path / "other.pth", "w") as z:
         z.writestr("hello.txt", "not a checkpoint")
-    said(resume_refusal(tiny_run, tmp_path / "other.pth"), "not a torch checkpoint")
+    said(resume_refusal(small_run, tmp_path / "other.pth"), "not a torch checkpoint")
 
 
-def test_bare_tensor_is_not_a_resume_file(tiny_run, tmp_path):
+@pytest.mark.quick
+def test_bare_tensor_is_not_a_resume_file(small_run, tmp_path):
     torch.save(torch.zeros(3), tmp_path / "tensor.pth")
-    said(resume_refusal(tiny_run, tmp_path / "tensor.pth"), "Tensor")
+    said(resume_refusal(small_run, tmp_path / "tensor.pth"), "Tensor")
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("key", ["model", "optimizer", "step", "gen_state", "fingerprint"])
-def test_resume_file_missing_a_key(tiny_run, tmp_path, key):
-    state = torch.load(tiny_run["resume"], weights_only=True)
+def test_resume_file_missing_a_key(small_run, tmp_path, key):
+    state = torch.load(small_run["resume"], weights_only=True)
     del state[key]
     torch.save(state, tmp_path / "partial.pth")
-    said(resume_refusal(tiny_run, tmp_path / "partial.pth"), repr(key))
+    said(resume_refusal(small_run, tmp_path / "partial.pth"), repr(key))
 
 
 class Payload:
@@ -103,20 +110,21 @@ class Payload:
         return (open, (str(self.marker), "w"))
 
 
-def test_pickle_that_would_run_code_is_refused_and_never_runs(tiny_run, tmp_path):
+@pytest.mark.quick
+def test_pickle_that_would_run_code_is_refused_and_never_runs(small_run, tmp_path):
     marker = tmp_path / "pwned"
-    state = torch.load(tiny_run["resume"], weights_only=True)
+    state = torch.load(small_run["resume"], weights_only=True)
     state["step"] = Payload(marker)
     torch.save(state, tmp_path / "evil.pth")
     assert not marker.exists()
-    said(resume_refusal(tiny_run, tmp_path / "evil.pth"), "refusing to unpickle")
+    said(resume_refusal(small_run, tmp_path / "evil.pth"), "refusing to unpickle")
     assert not marker.exists()  # the payload never ran
 
 
-def test_plain_pickle_file_is_refused(tiny_run, tmp_path):
+def test_plain_pickle_file_is_refused(small_run, tmp_path):
     marker = tmp_path / "pwned"
     (tmp_path / "plain.pkl").write_bytes(pickle.dumps(Payload(marker)))
-    proc = resume_from(tiny_run, tmp_path / "plain.pkl", tmp_path / "o.pth")
+    proc = resume_from(small_run, tmp_path / "plain.pkl", tmp_path / "o.pth")
     assert_refused(proc, "plain.pkl", out=tmp_path / "o.pth")
     assert not marker.exists()
 
@@ -124,10 +132,10 @@ def test_plain_pickle_file_is_refused(tiny_run, tmp_path):
 # --- resume files made under other settings -------------------------------------------------------
 
 
-def other_resume(tmp_path, tiny_run, name, **overrides):
+def other_resume(tmp_path, small_run, name, **overrides):
     cfg = write_config(tmp_path, f"{name}.yaml", **overrides)
     out = tmp_path / f"{name}.pth"
-    proc = run_script("run.py", "--config", cfg, "--tokens", tiny_run["tokens"], "--stop-at", "2", "--out", out)
+    proc = run_script("run.py", "--config", cfg, "--tokens", small_run["tokens"], "--stop-at", "2", "--out", out)
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -140,34 +148,34 @@ def other_resume(tmp_path, tiny_run, name, **overrides):
         ({"threads": 2}, "threads 2 in the file, 1 now"),
     ],
 )
-def test_resume_made_under_other_settings_is_refused_naming_the_difference(tiny_run, tmp_path, overrides, named):
-    resume = other_resume(tmp_path, tiny_run, "other", **overrides)
-    said(resume_refusal(tiny_run, resume), named, "--allow-mismatch")
+def test_resume_made_under_other_settings_is_refused_naming_the_difference(small_run, tmp_path, overrides, named):
+    resume = other_resume(tmp_path, small_run, "other", **overrides)
+    said(resume_refusal(small_run, resume), named, "--allow-mismatch")
 
 
-def test_allow_mismatch_continues_and_says_bit_exactness_is_lost(tiny_run, tmp_path):
-    resume = other_resume(tmp_path, tiny_run, "other", steps=13)
-    proc = resume_from(tiny_run, resume, tmp_path / "o.pth", "--allow-mismatch")
+def test_allow_mismatch_continues_and_says_bit_exactness_is_lost(small_run, tmp_path):
+    resume = other_resume(tmp_path, small_run, "other", steps=13)
+    proc = resume_from(small_run, resume, tmp_path / "o.pth", "--allow-mismatch")
     assert proc.returncode == 0, proc.stderr
     assert "not be bit-exact" in proc.stderr and (tmp_path / "o.pth").exists()
 
 
-def test_a_resume_under_another_cpu_kernel_dispatch_is_refused_naming_it(tiny_run, tmp_path):
+def test_a_resume_under_another_cpu_kernel_dispatch_is_refused_naming_it(small_run, tmp_path):
     """Catches: a fingerprint without ATen's CPU capability, so a file saved with AVX2 (or AVX512) kernels is
     continued under others (ATEN_CPU_CAPABILITY, a requeue onto another node type) without a word."""
     native = torch.backends.cpu.get_cpu_capability()  # what the pipeline's jobs ran with: no variable set
     assert native != "DEFAULT", "this CPU has no vector kernels to fall back from"
     env = {**clean_env(), "ATEN_CPU_CAPABILITY": "default"}  # read at import: a fresh interpreter (launch.py)
     out = tmp_path / "o.pth"
-    proc = run_script("run.py", "--config", tiny_run["config"], "--tokens", tiny_run["tokens"], "--resume",
-                      tiny_run["resume"], "--out", out, env=env)
+    proc = run_script("run.py", "--config", small_run["config"], "--tokens", small_run["tokens"], "--resume",
+                      small_run["resume"], "--out", out, env=env)
     assert_refused(proc, f"cpu_capability {native} in the file, DEFAULT now", "--allow-mismatch", out=out)
-    proc = run_script("run.py", "--config", tiny_run["config"], "--tokens", tiny_run["tokens"], "--resume",
-                      tiny_run["resume"], "--out", out, "--allow-mismatch", env=env)
+    proc = run_script("run.py", "--config", small_run["config"], "--tokens", small_run["tokens"], "--resume",
+                      small_run["resume"], "--out", out, "--allow-mismatch", env=env)
     assert proc.returncode == 0 and "not be bit-exact" in proc.stderr, proc.stderr[-2000:]
 
 
-def test_a_resume_from_other_training_code_is_refused_naming_the_module(tiny_run, tmp_path):
+def test_a_resume_from_other_training_code_is_refused_naming_the_module(small_run, tmp_path):
     """Catches: a fingerprint without the training code, so a checkpoint left in a folder after the clip
     value changed is continued as if nothing had; and one that counts a comment as code."""
     work = copy_workflow(tmp_path / "w")
@@ -177,8 +185,8 @@ def test_a_resume_from_other_training_code_is_refused_naming_the_module(tiny_run
     (mmkit / "train.py").write_text(train.replace("GRAD_CLIP = 1.0\n", "GRAD_CLIP = 0.5\n"))
     (mmkit / "model.py").write_text((mmkit / "model.py").read_text() + "# a comment is not code\n")
     out = tmp_path / "o.pth"
-    cmd = [sys.executable, work / "workflow" / "scripts" / "run.py", "--config", tiny_run["config"], "--tokens",
-           tiny_run["tokens"], "--resume", tiny_run["resume"], "--out", out]
+    cmd = [sys.executable, work / "workflow" / "scripts" / "run.py", "--config", small_run["config"], "--tokens",
+           small_run["tokens"], "--resume", small_run["resume"], "--out", out]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_env())
     assert_refused(proc, "code.train.py ", "--allow-mismatch", out=out)
     assert "model.py" not in proc.stderr
@@ -186,38 +194,39 @@ def test_a_resume_from_other_training_code_is_refused_naming_the_module(tiny_run
     assert proc.returncode == 0 and "not be bit-exact" in proc.stderr, proc.stderr[-2000:]
 
 
-def test_other_model_dims_even_with_override_name_the_shape(tiny_run, tmp_path):
-    resume = other_resume(tmp_path, tiny_run, "other", model={"hidden_size": 32})
-    said(resume_refusal(tiny_run, resume, "--allow-mismatch"), "shape")
+def test_other_model_dims_even_with_override_name_the_shape(small_run, tmp_path):
+    resume = other_resume(tmp_path, small_run, "other", model={"hidden_size": 32})
+    said(resume_refusal(small_run, resume, "--allow-mismatch"), "shape")
 
 
-def test_a_resume_file_with_halved_weights_is_refused_unless_allow_mismatch(tiny_run, tmp_path):
+def test_a_resume_file_with_halved_weights_is_refused_unless_allow_mismatch(small_run, tmp_path):
     """halve_resume.py (the halfresume ablation's input): fp16 weights, fp32 AdamW state, and a fingerprint that
     says so. Catches: weights left in fp32 (then the file contradicts its fingerprint and even --allow-mismatch
     refuses it), the optimizer halved too, and a half-precision file resumed without a word."""
     half = tmp_path / "resume_fp16.pth"
-    proc = run_script("halve_resume.py", "--resume", tiny_run["resume"], "--out", half)
+    proc = run_script("halve_resume.py", "--resume", small_run["resume"], "--out", half)
     assert proc.returncode == 0, proc.stderr
     state = torch.load(half, weights_only=True)
     assert {str(t.dtype) for t in state["model"].values()} == {"torch.float16"}
     assert state["optimizer"]["state"][0]["exp_avg"].dtype == torch.float32  # only the weights were halved
     assert state["fingerprint"]["weights_dtype"] == "float16"
-    said(resume_refusal(tiny_run, half), "weights_dtype float16 in the file", "--allow-mismatch")
-    proc = resume_from(tiny_run, half, tmp_path / "o.pth", "--allow-mismatch")
+    said(resume_refusal(small_run, half), "weights_dtype float16 in the file", "--allow-mismatch")
+    proc = resume_from(small_run, half, tmp_path / "o.pth", "--allow-mismatch")
     assert proc.returncode == 0 and "not be bit-exact" in proc.stderr, proc.stderr[-2000:]
 
 
-def test_failed_resume_leaves_an_existing_output_untouched(tiny_run, tmp_path):
+def test_failed_resume_leaves_an_existing_output_untouched(small_run, tmp_path):
     out = tmp_path / "o.pth"
     out.write_bytes(b"previous result")
     (tmp_path / "empty.pth").write_bytes(b"")
-    assert resume_from(tiny_run, tmp_path / "empty.pth", out).returncode == 2
+    assert resume_from(small_run, tmp_path / "empty.pth", out).returncode == 2
     assert out.read_bytes() == b"previous result"
 
 
 # --- token files and corpora ----------------------------------------------------------------------
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "array, words",
     [
@@ -227,15 +236,15 @@ def test_failed_resume_leaves_an_existing_output_untouched(tiny_run, tmp_path):
         (np.zeros(1000, dtype=np.float32), "1-D integer"),
     ],
 )
-def test_bad_token_file(tiny_run, tmp_path, array, words):
+def test_bad_token_file(small_run, tmp_path, array, words):
     np.save(tmp_path / "tokens.npy", array)
-    said(refusal("--config", tiny_run["config"], "--tokens", tmp_path / "tokens.npy", "--out", "never-written.pth"),
+    said(refusal("--config", small_run["config"], "--tokens", tmp_path / "tokens.npy", "--out", "never-written.pth"),
          words)
 
 
-def test_token_file_that_is_not_npy(tiny_run, tmp_path):
+def test_token_file_that_is_not_npy(small_run, tmp_path):
     (tmp_path / "tokens.npy").write_text("hello")
-    proc = run_script("run.py", "--config", tiny_run["config"], "--tokens", tmp_path / "tokens.npy",
+    proc = run_script("run.py", "--config", small_run["config"], "--tokens", tmp_path / "tokens.npy",
                       "--out", tmp_path / "o.pth")
     assert_refused(proc, "not a .npy", out=tmp_path / "o.pth")
 
@@ -278,8 +287,8 @@ def test_jsonl_and_txt_corpora_build_token_files(tmp_path):
 
 
 @pytest.mark.parametrize("stop_at", ["0", "13"])
-def test_stop_outside_the_run_is_refused(tiny_run, tmp_path, stop_at):
-    proc = run_script("run.py", "--config", tiny_run["config"], "--tokens", tiny_run["tokens"],
+def test_stop_outside_the_run_is_refused(small_run, tmp_path, stop_at):
+    proc = run_script("run.py", "--config", small_run["config"], "--tokens", small_run["tokens"],
                       "--stop-at", stop_at, "--out", tmp_path / "o.pth")
     assert_refused(proc, "nothing to train", out=tmp_path / "o.pth")
 
@@ -301,11 +310,11 @@ def test_a_checkpoint_dir_that_is_a_dangling_symlink_is_refused_before_the_first
 # --- every range check, at its boundary from both sides ------------------------------------------
 
 
-def train_one_step_on(tiny_run, tmp_path, tokens, refusal_words=None):
+def train_one_step_on(small_run, tmp_path, tokens, refusal_words=None):
     """run.py on TOKENS for one step, in this process up to that step: its checks must let it start, or, given
     REFUSAL_WORDS, refuse it with them."""
     np.save(tmp_path / "tokens.npy", tokens)
-    args = ("--config", tiny_run["config"], "--tokens", tmp_path / "tokens.npy", "--out", "never-written.pth",
+    args = ("--config", small_run["config"], "--tokens", tmp_path / "tokens.npy", "--out", "never-written.pth",
             "--stop-at", 1)
     if refusal_words is None:
         until_first_step(*args)
@@ -313,17 +322,19 @@ def train_one_step_on(tiny_run, tmp_path, tokens, refusal_words=None):
         said(refusal(*args), *refusal_words)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("ids, refused", [((0, 511), None), ((0, 512), ("token id 512", "outside 0..511")),
                                           ((0, 0), None), ((0, -1), ("token id -1",))])
-def test_token_ids_at_the_edges_of_the_vocabulary(tiny_run, tmp_path, ids, refused):
+def test_token_ids_at_the_edges_of_the_vocabulary(small_run, tmp_path, ids, refused):
     # TINY's vocabulary is 512: id 511 is the last one the embedding holds, 512 the first it does not
-    train_one_step_on(tiny_run, tmp_path, np.resize(np.array(ids, dtype=np.int64), 200), refused)
+    train_one_step_on(small_run, tmp_path, np.resize(np.array(ids, dtype=np.int64), 200), refused)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("length, refused", [(34, None), (33, ("fewer than the 34",))])
-def test_token_file_just_long_enough_for_one_window(tiny_run, tmp_path, length, refused):
+def test_token_file_just_long_enough_for_one_window(small_run, tmp_path, length, refused):
     # one window of seq_len 32 needs 32 inputs, the 32 next tokens, and one start: seq_len + 2 = 34
-    train_one_step_on(tiny_run, tmp_path, np.arange(length, dtype=np.uint16), refused)
+    train_one_step_on(small_run, tmp_path, np.arange(length, dtype=np.uint16), refused)
 
 
 @pytest.mark.parametrize("stop_at, accepted", [(0, False), (1, True), (11, True), (12, False)])
@@ -350,6 +361,7 @@ def leaves(cfg, prefix=()):
         yield from leaves(v, prefix + (k,)) if isinstance(v, dict) and v else [prefix + (k,)]
 
 
+@pytest.mark.quick
 def test_any_malformed_setting_is_one_line_and_exit_2_and_nothing_is_written(tmp_path_factory):
     """Catches: a value that passes the checks and fails later with a traceback (lr .nan, a seed torch cannot
     take), a key written twice taken silently, a refusal of several lines; property-based, 500 examples."""
@@ -395,6 +407,7 @@ def test_any_malformed_setting_is_one_line_and_exit_2_and_nothing_is_written(tmp
     check()
 
 
+@pytest.mark.quick
 def test_any_malformed_command_line_of_run_py_is_one_line_and_exit_2_and_nothing_is_written(tmp_path_factory):
     """Catches: a bad command line answered with argparse's usage block (two lines or more) or a traceback,
     or one that writes a file before it is refused; property-based, 300 examples, each one defect among

@@ -24,18 +24,18 @@ from mmkit.resume import seal
 
 
 
-def resume_args(tiny_run, resume_file, *extra, config=None) -> list:
-    return ["--config", config or tiny_run["config"], "--tokens", tiny_run["tokens"], "--resume", resume_file,
+def resume_args(small_run, resume_file, *extra, config=None) -> list:
+    return ["--config", config or small_run["config"], "--tokens", small_run["tokens"], "--resume", resume_file,
             "--out", "never-written.pth", *extra]
 
 
-def in_process(tiny_run, resume_file, *extra) -> str:
+def in_process(small_run, resume_file, *extra) -> str:
     """The line run.py refuses RESUME_FILE with, from its own code in this process (fails if it is accepted)."""
-    return refused_in_process(*resume_args(tiny_run, resume_file, *extra))
+    return refused_in_process(*resume_args(small_run, resume_file, *extra))
 
 
-def resume(tiny_run, resume_file, out, *extra, config=None):
-    return run_script("run.py", "--config", config or tiny_run["config"], "--tokens", tiny_run["tokens"],
+def resume(small_run, resume_file, out, *extra, config=None):
+    return run_script("run.py", "--config", config or small_run["config"], "--tokens", small_run["tokens"],
                       "--resume", resume_file, "--out", out, *extra)
 
 
@@ -49,10 +49,10 @@ def refusal(proc, out) -> str:
     return errors[0]
 
 
-def edited(tiny_run, tmp_path, edit, name="edited.pth", reseal=True):
+def edited(small_run, tmp_path, edit, name="edited.pth", reseal=True):
     """The tiny run's resume file with EDIT applied and, unless RESEAL is off, its digests recomputed: so
     the check of the edited entry alone must refuse it, not the sha256 comparison behind it."""
-    state = torch.load(tiny_run["resume"], weights_only=True)
+    state = torch.load(small_run["resume"], weights_only=True)
     edit(state)
     if reseal:
         state = seal({k: v for k, v in state.items() if k != "digests"})
@@ -66,6 +66,7 @@ def edited(tiny_run, tmp_path, edit, name="edited.pth", reseal=True):
 
 # each refused by its entry's own check: the digests are recomputed after the edit (edited(reseal=True)),
 # so a check that let its case through would let the file through
+@pytest.mark.quick
 @pytest.mark.parametrize("edit, words", [
     (lambda s: s["optimizer"].__setitem__("state", {}), ["'optimizer'", "0 parameters"]),
     (lambda s: s.__setitem__("gen_state", s["gen_state"][:100]), ["'gen_state'", "shape [100]"]),
@@ -104,47 +105,48 @@ def edited(tiny_run, tmp_path, edit, name="edited.pth", reseal=True):
         "nan-weight", "untied", "float64-weight", "negative-exp-avg-sq", "inf-exp-avg", "other-betas",
         "short-exp-avg", "skipped-past-step", "data-position-ahead", "rng-truncated", "scaler-without-fp16",
         "loss-log-reversed", "older-format-lacking-an-entry"])
-def test_resume_file_with_bad_contents_is_refused_naming_the_entry(tiny_run, tmp_path, edit, words):
+def test_resume_file_with_bad_contents_is_refused_naming_the_entry(small_run, tmp_path, edit, words):
     """Catches: any entry check removed or loosened (the digests are resealed, so nothing else refuses it)."""
-    error = in_process(tiny_run, edited(tiny_run, tmp_path, edit))
+    error = in_process(small_run, edited(small_run, tmp_path, edit))
     assert "sha256" not in error, error  # resealed: the digests match, the entry's own check must speak
     for w in words:
         assert w in error, error
 
 
 # same shape and every value plausible: only the sha256 recorded at save time can tell (not resealed)
+@pytest.mark.quick
 @pytest.mark.parametrize("edit, entry", [
     (lambda s: s["optimizer"]["state"][0]["exp_avg"].mul_(1.5), "optimizer"),
     (lambda s: s["model"]["model.norm.weight"].add_(1e-3), "model"),
     (lambda s: s["data_position"].__setitem__("batch", s["data_position"]["batch"]), None),
 ], ids=["scaled-exp-avg", "nudged-weight", "untouched"])
-def test_an_edit_no_check_sees_is_refused_by_the_digest(tiny_run, tmp_path, edit, entry):
+def test_an_edit_no_check_sees_is_refused_by_the_digest(small_run, tmp_path, edit, entry):
     """Catches: digests not compared, or not per entry; a digest so loose that an untouched resave fails it."""
-    path = edited(tiny_run, tmp_path, edit, reseal=False)
+    path = edited(small_run, tmp_path, edit, reseal=False)
     if entry is None:  # the control: an edit that changes nothing is not refused (the digests are exact)
-        live, *_ = until_first_step(*resume_args(tiny_run, path))
+        live, *_ = until_first_step(*resume_args(small_run, path))
         assert live.step == torch.load(path, weights_only=True)["step"]
         return
-    error = in_process(tiny_run, path)
+    error = in_process(small_run, path)
     assert f"'{entry}'" in error and "sha256" in error, error
 
 
-def test_a_refused_resume_file_is_one_error_line_exit_2_and_nothing_written(tiny_run, tmp_path):
+def test_a_refused_resume_file_is_one_error_line_exit_2_and_nothing_written(small_run, tmp_path):
     """Catches: a refusal of the entry checks that tracebacks, exits 0 or 1, or writes its output anyway, in
     the real command (the cases above call the checks in-process)."""
     out = tmp_path / "o.pth"
-    path = edited(tiny_run, tmp_path, lambda s: s["optimizer"].__setitem__("state", {}))
-    error = refusal(resume(tiny_run, path, out), out)
+    path = edited(small_run, tmp_path, lambda s: s["optimizer"].__setitem__("state", {}))
+    error = refusal(resume(small_run, path, out), out)
     assert "'optimizer'" in error and "0 parameters" in error, error
 
 
-def test_no_optim_ignores_an_incomplete_optimizer_state_by_name(tiny_run, tmp_path):
-    path = edited(tiny_run, tmp_path, lambda s: s["optimizer"].__setitem__("state", {}))
-    proc = resume(tiny_run, path, tmp_path / "o.pth", "--no-optim")
+def test_no_optim_ignores_an_incomplete_optimizer_state_by_name(small_run, tmp_path):
+    path = edited(small_run, tmp_path, lambda s: s["optimizer"].__setitem__("state", {}))
+    proc = resume(small_run, path, tmp_path / "o.pth", "--no-optim")
     assert proc.returncode == 0, proc.stderr
     assert "ignoring entry 'optimizer'" in proc.stderr
     # the same as --no-optim on the intact file: the entry really was thrown away, not half used
-    intact = resume(tiny_run, tiny_run["resume"], tmp_path / "intact.pth", "--no-optim")
+    intact = resume(small_run, small_run["resume"], tmp_path / "intact.pth", "--no-optim")
     assert intact.returncode == 0
     assert_same_state_dict(torch.load(tmp_path / "o.pth", weights_only=True),
                            torch.load(tmp_path / "intact.pth", weights_only=True))
@@ -153,12 +155,12 @@ def test_no_optim_ignores_an_incomplete_optimizer_state_by_name(tiny_run, tmp_pa
 # --- non-finite numbers during training ---------------------------------------------------------
 
 
-def test_a_nan_loss_stops_training_with_its_own_exit_and_writes_nothing(tmp_path, tiny_run):
+def test_a_nan_loss_stops_training_with_its_own_exit_and_writes_nothing(tmp_path, small_run):
     config = tmp_path / "hot.yaml"
     config.write_text(yaml.safe_dump(tiny_config(lr=1.0e8)))
     out, log = tmp_path / "o.pth", tmp_path / "o.csv"
     out.write_bytes(b"an earlier checkpoint")
-    proc = run_script("run.py", "--config", config, "--tokens", tiny_run["tokens"], "--out", out, "--loss-log", log)
+    proc = run_script("run.py", "--config", config, "--tokens", small_run["tokens"], "--out", out, "--loss-log", log)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert proc.returncode == 3 and len(errors) == 1, proc.stderr
     step = int(errors[0].split("step ")[1].split(":")[0])
@@ -167,11 +169,11 @@ def test_a_nan_loss_stops_training_with_its_own_exit_and_writes_nothing(tmp_path
     assert out.read_bytes() == b"an earlier checkpoint" and not log.exists()
 
 
-def test_nonfinite_skip_leaves_the_weights_untouched_for_that_step_and_logs_it(tmp_path, tiny_run):
+def test_nonfinite_skip_leaves_the_weights_untouched_for_that_step_and_logs_it(tmp_path, small_run):
     config = tmp_path / "skip.yaml"
     config.write_text(yaml.safe_dump(tiny_config(lr=1.0e8, nonfinite="skip")))
     out, timing = tmp_path / "o.pth", tmp_path / "t.json"
-    proc = run_script("run.py", "--config", config, "--tokens", tiny_run["tokens"], "--out", out,
+    proc = run_script("run.py", "--config", config, "--tokens", small_run["tokens"], "--out", out,
                       "--timing", timing, "--stop-at", "8")
     assert proc.returncode == 0, proc.stderr
     skipped_lines = [line for line in proc.stderr.splitlines() if "skipped: non-finite" in line]
@@ -314,13 +316,14 @@ def apply(state, kind, arg):
 
 
 @pytest.fixture(scope="module")
-def straight_weights(tiny_run):
-    return torch.load(tiny_run["resume"].parent / "straight.pth", weights_only=True)
+def straight_weights(small_run):
+    return torch.load(small_run["straight"], weights_only=True)
 
 
-def test_any_edit_of_a_resume_file_is_refused_in_one_line_or_harmless(tiny_run, straight_weights,
+@pytest.mark.quick
+def test_any_edit_of_a_resume_file_is_refused_in_one_line_or_harmless(small_run, straight_weights,
                                                                      tmp_path_factory):
-    original = torch.load(tiny_run["resume"], weights_only=True)
+    original = torch.load(small_run["resume"], weights_only=True)
     tmp = tmp_path_factory.mktemp("mutants")
 
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -328,13 +331,13 @@ def test_any_edit_of_a_resume_file_is_refused_in_one_line_or_harmless(tiny_run, 
     @given(st.data())
     def check(data):
         kind, arg = data.draw(mutation(original))
-        state = torch.load(tiny_run["resume"], weights_only=True)
+        state = torch.load(small_run["resume"], weights_only=True)
         apply(state, kind, arg)
         path, out = tmp / "mutant.pth", tmp / "out.pth"
         out.unlink(missing_ok=True)
         torch.save(state, path)
         try:
-            until_first_step(*resume_args(tiny_run, path))
+            until_first_step(*resume_args(small_run, path))
         except UserError as e:  # refused, as run.py's one line (its type: exit 2 and not NaN's 3)
             assert type(e) is UserError and "\n" not in str(e), repr(e)
             error = str(e)
@@ -342,7 +345,7 @@ def test_any_edit_of_a_resume_file_is_refused_in_one_line_or_harmless(tiny_run, 
                      if ": entry '" in error else "refused: " + error.split(str(path))[-1][:40]] += 1
             return
         # accepted: then it must be harmless, run to the end by the real command
-        proc = resume(tiny_run, path, out)
+        proc = resume(small_run, path, out)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert_same_state_dict(torch.load(out, weights_only=True), straight_weights)
         OUTCOMES[kind, "harmless, bit-exact"] += 1
@@ -373,16 +376,17 @@ def flat(d, prefix=""):
     return out
 
 
-def test_a_resume_file_records_every_setting_the_continuation_depends_on(tiny_run, tmp_path):
+@pytest.mark.quick
+def test_a_resume_file_records_every_setting_the_continuation_depends_on(small_run, tmp_path):
     """Catches: a setting left out of the fingerprint; the CPU kernels bf16 dispatches to not recorded."""
-    saved = torch.load(tiny_run["resume"], weights_only=True)["fingerprint"]  # the pipeline's resume job's file
+    saved = torch.load(small_run["resume"], weights_only=True)["fingerprint"]  # a file run.py wrote
     assert set(flat(saved)) == FINGERPRINT
     assert saved["cpu_kernels"] == [] and saved["gpu"] is None  # fp32 on a CPU: no half-precision kernels
     # bf16 on this CPU: the features that choose oneDNN's bf16 and fp16 kernels, read here from /proc/cpuinfo
     flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split(":", 1)[1].split()
     config = tmp_path / "bf16.yaml"
-    config.write_text(yaml.safe_dump({**yaml.safe_load(tiny_run["config"].read_text()), "precision": "bf16"}))
-    live, *_ = until_first_step("--config", config, "--tokens", tiny_run["tokens"], "--out", tmp_path / "o.pth",
+    config.write_text(yaml.safe_dump({**yaml.safe_load(small_run["config"].read_text()), "precision": "bf16"}))
+    live, *_ = until_first_step("--config", config, "--tokens", small_run["tokens"], "--out", tmp_path / "o.pth",
                                 "--stop-at", 2)
     assert live.fingerprint["cpu_kernels"] == sorted({"amx_bf16", "amx_fp16", "avx512_bf16", "avx512_fp16"} & set(flags))
 
@@ -401,8 +405,9 @@ def other_value(v):
     return v + "-other"
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("key", sorted(FINGERPRINT))
-def test_a_resume_file_from_other_settings_is_refused_for_each_fingerprint_key(tiny_run, tmp_path, key):
+def test_a_resume_file_from_other_settings_is_refused_for_each_fingerprint_key(small_run, tmp_path, key):
     def edit(state):
         d, rest = state["fingerprint"], key
         while rest not in d:  # model.hidden_size, code.train.py: the names may hold dots themselves
@@ -410,5 +415,5 @@ def test_a_resume_file_from_other_settings_is_refused_for_each_fingerprint_key(t
             d = d[parent]
         d[rest] = other_value(d[rest])
 
-    error = in_process(tiny_run, edited(tiny_run, tmp_path, edit))
+    error = in_process(small_run, edited(small_run, tmp_path, edit))
     assert (f"{key} " in error and "in the file" in error) or (key == "format" and "has format" in error), error

@@ -25,13 +25,12 @@ from mmkit.ablations import add_resume_flags, resume_options  # noqa: E402
 from mmkit.atomic import write_text_atomic  # noqa: E402
 from mmkit.checkpoint import save_atomic  # noqa: E402
 from mmkit.checkpointer import Checkpointer  # noqa: E402
-from mmkit.config import load_config, run_config  # noqa: E402
 from mmkit.data import Expected, StepPlan, TrainingData  # noqa: E402
 from mmkit.errors import OneLineParser, UserError, run_cli  # noqa: E402
 from mmkit.failpoint import failpoint  # noqa: E402
 from mmkit.hardware import isa_summary  # noqa: E402
 from mmkit.parallel import start, weights  # noqa: E402
-from mmkit.train import build, make_deterministic, resolve_auto_precision, train  # noqa: E402
+from mmkit.train import build, configure, train  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -58,7 +57,7 @@ def parse_args(argv=None):
 
 def main():
     args = parse_args()
-    cfg, stop_at, device = configure(args)
+    cfg, stop_at, device = configure(args.config, args.stop_at, args.options)
     ranks = start(cfg.parallel, device, args.rank_generators)
     try:
         run(args, cfg, stop_at, device, ranks)
@@ -66,22 +65,8 @@ def main():
         ranks.close()
 
 
-def configure(args):
-    """(the run's settings, the step it stops after or None, its device), the process made deterministic."""
-    settings = load_config(args.config)
-    cfg = run_config(settings)
-    stop_at = settings.stop_at if args.stop_at == "config" else args.stop_at
-    if args.options.replays_an_epoch and cfg.data_format == "windows":
-        raise UserError("--replay replays an epoch: it needs data.format minimind (the windows format has no "
-                        "epochs; --no-skip rewinds it)")
-    device = make_deterministic(cfg)
-    cfg = resolve_auto_precision(cfg, device)  # once: the fingerprint, the timing and the report get the result
-    return cfg, stop_at, device
-
-
 def prepare(args, cfg, stop_at, device, ranks):
-    """Everything before the first step: the data, the model and its optimizer at step 0, the --resume file
-    checked whole and put in; returns (live, plan, expected, last step). The tests call it in-process."""
+    """Up to the first step: the data, the model at step 0, the --resume file checked and put in (tests call it)."""
     data = TrainingData(cfg, args.tokens, args.jsonl, args.tokenizer)
     live = build(cfg, device, ranks, data)
     plan = StepPlan(cfg.accumulation_steps, data.batches_per_epoch)

@@ -10,7 +10,7 @@ import time
 import torch
 
 from . import fingerprint
-from .config import RunConfig
+from .config import RunConfig, load_config, run_config
 from .data import StepPlan, TrainingData
 from .errors import NonFiniteError, UserError
 from .hardware import cpu_vendor, isa_summary, resolve_precision
@@ -38,6 +38,20 @@ def resolve_device(device: str) -> str:
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("config key 'device' is cuda but this torch sees no CUDA device; use cpu or auto")
     return device
+
+
+def configure(config, stop_at, options):
+    """(a job's settings from the file CONFIG, the step it stops after or None, its device), the process made
+    deterministic. STOP_AT: run.py's --stop-at ("config": the file's stop_at); OPTIONS: its ResumeOptions."""
+    settings = load_config(config)
+    cfg = run_config(settings)
+    stop_at = settings.stop_at if stop_at == "config" else stop_at
+    if options.replays_an_epoch and cfg.data_format == "windows":
+        raise UserError("--replay replays an epoch: it needs data.format minimind (the windows format has no "
+                        "epochs; --no-skip rewinds it)")
+    device = make_deterministic(cfg)
+    cfg = resolve_auto_precision(cfg, device)  # once: the fingerprint, the timing and the report get the result
+    return cfg, stop_at, device
 
 
 def make_deterministic(cfg: RunConfig) -> str:
