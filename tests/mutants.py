@@ -271,7 +271,7 @@ BREAKAGES = [
              (PRE + "test_a_signal_to_torchrun_checkpoints_every_ddp_rank_after_the_same_step_and_exits_75[SIGUSR1]",)),
     Breakage("torchrun: a preempted job exits 1", "workflow/scripts/torchrun.py", "verdict",
              "code = PREEMPTED if preempted else 0", "code = 1 if preempted else 0",
-             (PRE + "test_snakemakes_retry_continues_a_ddp_job_whose_rank_was_preempted",)),
+             (DIST + "test_snakemakes_retry_continues_a_ddp_job_whose_rank_was_preempted",)),
     Breakage("torchrun: a rank that failed in its checkpoint reported as preempted", "workflow/scripts/torchrun.py",
              "verdict", "if code not in (0, PREEMPTED) and not", "if False and not",
              (PRE + "test_torchrun_exits_75_only_when_every_rank_was_preempted",)),

@@ -517,3 +517,22 @@ def test_every_dist_job_reads_exactly_the_keys_its_rule_declares(dist, pipeline)
         assert found, f"{log} does not name the keys its job read"
         declared = declared_leaves(yaml.safe_load((pipeline.parent / found[1]).read_text()))
         assert set(found[2].split()) == declared, log
+
+
+def test_snakemakes_retry_continues_a_ddp_job_whose_rank_was_preempted(build, pipeline, tmp_path):
+    """Catches: a multi-rank job whose preempted ranks end it with another status than 75, or whose retry
+    starts over or ends in other bits."""
+    target = "results/dist/ddp/straight.pth"
+    build("ddp/straight.pth")  # once per session, shared with the bit-exact pairs; redone below in a copy
+    reference = torch.load(pipeline.parent / target, weights_only=True)
+    work = tmp_path / "w"
+    shutil.copytree(pipeline.parent, work, symlinks=True)
+    env = {**clean_env(), "MMKIT_FAILPOINT": "step3:0:USR1"}  # rank 0 alone: torchrun hears nothing of it
+    cmd = [sys.executable, "-m", "snakemake", "--cores", "2", "--retries", "1", "--forcerun", "dist_ddp_straight",
+           target, "--configfile", "config.yaml", "tiny.yaml"]
+    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (work / "results" / "dist" / "ddp" / "logs" / "straight.log").read_text()
+    assert "continuing from checkpoint" in log and "(step 3)" in log, log[-2000:]
+    assert "returned non-zero exit status 75" in proc.stderr, proc.stderr[-3000:]  # the first try: preempted
+    assert_same_state_dict(torch.load(work / target, weights_only=True), reference)

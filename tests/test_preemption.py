@@ -25,10 +25,10 @@ from conftest import (CHECKPOINTED, NOT_COMPARED, SCRIPTS, TINY, assert_same_sta
 STEPS = 100
 EVERY = 3
 # per chaos test: every third kill inside a save, the others in compute at each distance from the newest
-# checkpoint in turn (EVERY + 1 .. 1 steps past it, then again). It was 20 kills at random distances, a
-# minute of process starts per signal: what the test proves needs each kind of kill, each distance, and
-# each one surviving the kills before it.
-KILLS = 9
+# checkpoint in turn (EVERY + 1 .. 1 steps past it). It was 20 kills at random distances, then 9, each
+# distance twice: what the test proves needs each kind of kill, each distance, and each one surviving the
+# kills before it.
+KILLS = 6
 
 
 def chaos_config(pipeline, tmp_path, name="c.yaml", **checkpoint) -> Path:
@@ -520,22 +520,3 @@ def catches(pid: int, sig) -> bool:
     status = Path(f"/proc/{pid}/status").read_text()
     mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
     return bool(mask >> (sig - 1) & 1)
-
-
-def test_snakemakes_retry_continues_a_ddp_job_whose_rank_was_preempted(pipeline, tmp_path):
-    """Catches: a multi-rank job whose preempted ranks end it with another status than 75, or whose retry
-    starts over or ends in other bits."""
-    work = tmp_path / "w"
-    shutil.copytree(pipeline.parent, work, symlinks=True)
-    target = "results/dist/ddp/straight.pth"
-    snakemake(work, target)  # built once per session elsewhere; here in this copy, before it is redone
-    reference = torch.load(work / target, weights_only=True)
-    env = {**clean_env(), "MMKIT_FAILPOINT": "step3:0:USR1"}  # rank 0 alone: torchrun hears nothing of it
-    cmd = [sys.executable, "-m", "snakemake", "--cores", "2", "--retries", "1", "--forcerun", "dist_ddp_straight",
-           target, "--configfile", "config.yaml", "tiny.yaml"]
-    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    log = (work / "results" / "dist" / "ddp" / "logs" / "straight.log").read_text()
-    assert "continuing from checkpoint" in log and "(step 3)" in log, log[-2000:]
-    assert "returned non-zero exit status 75" in proc.stderr, proc.stderr[-3000:]  # the first try: preempted
-    assert_same_state_dict(torch.load(work / target, weights_only=True), reference)
