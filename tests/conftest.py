@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import launch
@@ -58,7 +59,7 @@ def pytest_sessionstart(session):
         from outcomes import tree_digest
 
         Path(record).mkdir(exist_ok=True)
-        for name in ("outcomes.jsonl", "pipeline"):
+        for name in ("outcomes.jsonl", "pipeline", "pipeline.seconds"):
             (Path(record) / name).unlink(missing_ok=True)
         (Path(record) / "tree.sha256").write_text(tree_digest() + "\n")
 
@@ -67,6 +68,14 @@ def pytest_sessionstart(session):
 # runs the session (xdist's controller, the parent of every worker), not by the worker whose tests used it
 _SESSION = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
 STOP_AT_SESSION_END = Path(tempfile.gettempdir()) / f"mmkit-stop-slurm-after-{_SESSION}"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """make test's yardstick: how long this run took to build the tiny DAG (the pristine pipeline)."""
+    record = os.environ.get("MMKIT_TEST_RECORD")
+    seconds = Path(record) / "pipeline.seconds" if record else None
+    if seconds and seconds.exists():
+        terminalreporter.write_line(f"the tiny DAG's build in this run (the yardstick): {seconds.read_text().strip()} s")
 
 
 def pytest_sessionfinish(session):
@@ -227,6 +236,7 @@ def pristine_pipeline(tmp_path_factory) -> Path:
         if not built.exists():
             copy_workflow(work)
             (work / "tiny.yaml").write_text(yaml.safe_dump({**TINY, "outdir": "results"}))
+            t0 = time.monotonic()
             try:
                 snakemake(work)
             except AssertionError as e:
@@ -235,6 +245,8 @@ def pristine_pipeline(tmp_path_factory) -> Path:
             built.touch()
             if os.environ.get("MMKIT_TEST_RECORD"):
                 (Path(os.environ["MMKIT_TEST_RECORD"]) / "pipeline").write_text(f"{work}\n")
+                (Path(os.environ["MMKIT_TEST_RECORD"]) / "pipeline.seconds").write_text(
+                    f"{time.monotonic() - t0:.0f}\n")
     return work
 
 

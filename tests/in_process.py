@@ -47,8 +47,14 @@ def until_first_step(*argv):
 
 
 def refusal(*argv) -> str:
-    """The line `run.py ARGV` refuses to start with (after its `error: `); fails if it would start."""
-    with pytest.raises(UserError) as refused:
+    """The line `run.py ARGV` refuses to start with (after its `error: `); fails if it would start, or if it
+    would end in a traceback instead (any other exception: run.py's exit 1, not its one line and exit 2)."""
+    try:
         until_first_step(*argv)
-    assert type(refused.value) is UserError  # exit 2, not NaN's 3
-    return str(refused.value)
+    except UserError as e:
+        assert type(e) is UserError, f"{type(e).__name__}: run.py would exit {e.exit_code}, not 2"
+        assert "\n" not in str(e), f"more than one line: {e}"
+        return str(e)
+    except Exception as e:  # noqa: BLE001 - what run.py would print as a traceback
+        pytest.fail(f"run.py would end in a traceback, not one error line: {type(e).__name__}: {e}")
+    pytest.fail("run.py would start: nothing refused it")
