@@ -63,6 +63,7 @@ DIST = T + "test_dist.py::"
 MINIMIND = T + "test_minimind_path.py::"
 STEP = T + "test_step_options.py::"
 ASYNC = T + "test_async_checkpoints.py::"
+REUSED = (T + "test_certify.py::test_a_straight_run_is_reused_only_for_the_same_command_keeping_as_much_and_unchanged",)
 # One row per breakage: Breakage(name, file, function, old, new, tests, rebuild=()).
 #   function: where OLD lives, found with ast: "name", "Class.method", or "<module>" (the whole file). OLD must
 #             occur exactly once in that function's source, so a function moved within its file still matches,
@@ -372,6 +373,12 @@ BREAKAGES = [
     Breakage("certify: runs that share a folder not refused", C + "runs.py", "Runs.run",
              "            self.refuse_shared(name)", "            pass",
              (T + "test_certify.py::test_runs_that_share_a_checkpoint_folder_are_refused_naming_the_file",)),
+    Breakage("certify --straight-from: another command's straight run reused", C + "runs.py", "Runs.reuse_straight",
+             "        if command != argv:", "        if False:", REUSED),
+    Breakage("certify --straight-from: a straight run that kept less state reused", C + "runs.py",
+             "Runs.reuse_straight", "if kept.get(k) != str(v)), None)", "if False), None)", REUSED),
+    Breakage("certify --straight-from: a straight run changed since certify wrote it reused", C + "runs.py",
+             "Runs.reuse_straight", 'and listed.get(n, "absent") != now[n]), None)', "and False), None)", REUSED),
     Breakage("export: wrong RMSNorm eps", M + "export.py", "hf_config", '"rms_norm_eps": cfg.rms_norm_eps,',
              '"rms_norm_eps": 1e-6,',
              (T + "test_inference_export.py::test_transformers_logits_match_mmkit_on_same_fp16_weights",)),

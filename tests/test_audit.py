@@ -125,6 +125,22 @@ def test_this_projects_run_py_is_certified_exact_and_its_weights_agree(built):
     assert "continuing from checkpoint" in resumed_log and f"step_{CUT:06d}.pth" in resumed_log, resumed_log[-1500:]
 
 
+def test_a_cell_whose_straight_run_is_another_cells_command_reuses_that_run_and_no_other_does(built):
+    """Catches: the audit running the same straight run twice (lost_steps is mid_epoch's command), or reusing
+    one across commands (2 ranks are another command). A straight run carries its start and end time
+    (straight.json): two runs never share them, so equal records mean one run, copied."""
+    def record(scenario, framework="transformers"):
+        return json.loads((built / framework / scenario / "certify" / "straight.json").read_text())
+
+    assert record("lost_steps") == record("mid_epoch")
+    for scenario in ("lost_steps", "mid_epoch"):
+        for f in ("rank0.jsonl", "rank0.rng.pt", "rank0.final.pt"):  # the certificate the verdict read
+            assert (built / "transformers" / scenario / "certify" / "straight" / f).read_bytes() == \
+                (built / "transformers" / "mid_epoch" / "certify" / "straight" / f).read_bytes()
+    assert record("ddp2")["window"] != record("mid_epoch")["window"]
+    assert record("ddp2", "own")["window"] != record("mid_epoch", "own")["window"]  # own: its cell's own config
+
+
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_each_negative_control_is_caught_at_the_first_step_after_the_cut(built, framework):
     """Catches: a certificate blind to the optimizer state (an emptied AdamW would pass as exact), or a control

@@ -197,6 +197,49 @@ def test_a_resume_on_fewer_ranks_is_judged_on_the_ranks_both_have_in_what_the_up
     assert (found["first"]["step"], found["first"]["rank"], found["first"]["piece"]) == (6, 1, "samples")
 
 
+@pytest.mark.quick
+def test_a_straight_run_is_reused_only_for_the_same_command_keeping_as_much_and_unchanged(tmp_path):
+    """Catches: --straight-from taking another command's straight run, one that kept less than this run needs
+    (no inputs for a repair), or one changed since certify wrote it; a reuse that does not bring the
+    certificate and the straight run's time window (the shared-folder check reads it) along."""
+    from certkit import outdir
+    from certkit.errors import CannotJudge
+    from certkit.runs import Runs
+
+    source, command = tmp_path / "first", ["python", "train.py", "--out", "{run}"]
+    (source / "straight").mkdir(parents=True)
+    (source / "straight" / "rank0.jsonl").write_text('{"rank": 0, "step": 1, "params": "ab"}\n')
+    (source / "straight.log").write_text("step 1\n")
+    kept = {"CERTIFY_KEEP_RNG": "3", "CERTIFY_KEEP_FINAL": "1"}
+    (source / "straight.json").write_text(json.dumps({"command": command, "settings": kept, "window": [5, 9],
+                                                      "exit": 0}))
+    outdir.record(source)
+
+    def reuse(argv=command, **settings):
+        out = tmp_path / f"out{len(list(tmp_path.iterdir()))}"
+        out.mkdir()
+        runs = Runs(out, 60, 3, argv)
+        return runs, out, runs.reuse_straight(source, argv, **{"CERTIFY_KEEP_RNG": 3, "CERTIFY_KEEP_FINAL": 1,
+                                                               **settings})
+
+    runs, out, (code, rows, killed) = reuse()
+    assert (code, rows, killed) == (0, {0: {1: {"rank": 0, "step": 1, "params": "ab"}}}, {})
+    assert runs.windows["straight"] == (5, 9) and (out / "straight.log").read_text() == "step 1\n"
+    for argv, settings, says in [
+            (["python", "train.py", "--out", "{run}", "--steps", "8"], {}, "ran another command"),
+            (command, {"CERTIFY_KEEP_INPUTS": 3}, "recorded with CERTIFY_KEEP_INPUTS=None, this one needs 3"),
+            (command, {"CERTIFY_KEEP_RNG": 4}, "recorded with CERTIFY_KEEP_RNG=3, this one needs 4")]:
+        with pytest.raises(CannotJudge, match="--straight-from .*" + says):
+            reuse(argv, **settings)
+    with open(source / "straight" / "rank0.jsonl", "a") as f:
+        f.write("more\n")
+    with pytest.raises(CannotJudge, match="rank0.jsonl was changed since certify wrote it"):
+        reuse()
+    (source / "straight.json").unlink()
+    with pytest.raises(CannotJudge, match="no straight run a certify made there"):
+        reuse()
+
+
 NO_STEP = [sys.executable, "-c", "import torch; print(torch.ones(2).sum())"]
 
 

@@ -20,6 +20,12 @@ rule audit_cell:
         example=audit_script,
         example_code=lambda w: code_inputs(audit_script(w)),
         settings=settings("audit"),
+        # the cell whose straight run this one reuses (the same command): built first
+        straight=lambda w: (
+            [f"{AUDIT}/{w.framework}/{straight_source(w)}/cell.json"]
+            if straight_source(w)
+            else []
+        ),
     output:
         # certify's folder beside it is certify's own: it replaces its own files, and a scenario the script
         # cannot run has none
@@ -38,9 +44,15 @@ rule audit_cell:
             if w.framework == "own"
             else ""
         ),
+        straight=lambda w: (
+            f"--straight-from {AUDIT}/{w.framework}/{straight_source(w)}/certify"
+            if straight_source(w)
+            else ""
+        ),
     shell:
         "python {input.script} --framework {wildcards.framework} --scenario {wildcards.scenario}"
-        " --script {input.example} --settings {input.settings} --cell {params.cell} {params.own} 2> {log}"
+        " --script {input.example} --settings {input.settings} --cell {params.cell} {params.own}"
+        " {params.straight} 2> {log}"
 
 
 rule audit_matrix:
@@ -119,6 +131,7 @@ use rule audit_cell as release_cell with:
     params:
         cell=lambda w: RELEASE_CELL.format(**w),
         own=lambda w, input: f"--release {input.release}",
+        straight="",  # each release's cells run their own straight runs
 
 
 rule audit_releases:

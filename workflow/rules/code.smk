@@ -114,6 +114,13 @@ def own_inputs(w):
     )
 
 
+def straight_source(w):
+    """The cell whose straight run this cell's certify reuses (mmkit.audit.straight_source), or None."""
+    from mmkit.audit import straight_source
+
+    return straight_source(w.framework, w.scenario, config["audit"]["scenarios"])
+
+
 # certify's entries (workflow/rules/certify.smk): a command of the config, and the files it names
 def certify_command(name):
     return config["certify"][name]["command"].replace("{outdir}", OUT)

@@ -5,6 +5,7 @@ control scenario the negative control; the matrix row in cell.json.
   audit_cell.py --framework F --scenario S --script examples/X.py --settings audit.yaml --cell DIR
                 [--own-preset presets/certify-own.yaml --jsonl train.jsonl --tokenizer tokenizer.json
                  --tokens train.npy]
+                [--straight-from OTHER_CELL/certify]   # its straight run reused: the same command
                 [--release versions.json]   # the audit across releases: run in release_env.py's venv
 """
 
@@ -48,7 +49,7 @@ def main():
     p = OneLineParser(description=__doc__.split("\n\n")[0])
     for name in ("framework", "scenario", "script", "settings", "cell"):
         p.add_argument(f"--{name}", required=True)
-    for name in ("own-preset", "jsonl", "tokenizer", "tokens", "release"):
+    for name in ("own-preset", "jsonl", "tokenizer", "tokens", "release", "straight-from"):
         p.add_argument(f"--{name}")
     args = p.parse_args()
     release = json.loads(Path(args.release).read_text()) if args.release else None
@@ -72,7 +73,8 @@ def main():
         found = certify([str(t) for t in command], resume, cell / "certify", scenario.cut, scenario.lose,
                         repair=not scenario.again, again=scenario.again,
                         control=args.scenario == audit.CONTROL_SCENARIO and not release,
-                        resume_command=[str(t) for t in resume_command] if resume_command else None)
+                        resume_command=[str(t) for t in resume_command] if resume_command else None,
+                        straight_from=args.straight_from)
         row = row_of(found)
         if "control" in found:
             row["control"] = audit.control_of(args.framework, found)

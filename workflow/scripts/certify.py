@@ -20,7 +20,7 @@ from certkit.runs import CannotJudge, certify, substitute
 from certkit.verdict import headline
 
 USAGE = ("certify.py --out DIR --stop-after K [--resume ARGS] [--lose N] [--again K2] [--resume-command CMD] "
-         "[--repair] [--control] [--timeout S] -- COMMAND ...")
+         "[--repair] [--control] [--straight-from DIR] [--timeout S] -- COMMAND ...")
 EPILOG = """\
 {run} in COMMAND, ARGS and CMD is a folder of each run's own: DIR/runs/straight for the straight run,
 DIR/runs/resumed for the stopped and the resumed run, which share it. {step} is K (K2 in the second
@@ -74,6 +74,9 @@ def parser() -> argparse.ArgumentParser:
                    "they were all the checkpoint forgot")
     p.add_argument("--control", action="store_true", help="negative control: resume once more (with any repairs) "
                    "with the optimizer state emptied before the first update; the verdict must name it at K + 1")
+    p.add_argument("--straight-from", type=Path, metavar="DIR", help="reuse the straight run of an earlier certify "
+                   "of the same COMMAND (its --out DIR) instead of running it again: for several cuts of one command "
+                   "(--lose, --again, --resume-command); refused if it ran another command or kept less state")
     return p
 
 
@@ -94,7 +97,7 @@ def judged(args, command: list) -> dict:
         raise CannotJudge(f"--resume {args.resume!r}: {e}") from None
     substitute([*command, *resume, *(args.resume_command or [])], Path("run"), args.stop_after)  # a bad {step:...}
     return certify(command, args.resume, args.out, args.stop_after, args.lose, args.timeout, args.repair,
-                   args.control, args.again, args.resume_command)
+                   args.control, args.again, args.resume_command, args.straight_from)
 
 
 def main(argv: list) -> int:

@@ -20,7 +20,8 @@ from .errors import CannotJudge
 
 MARK = ".certify"  # certify made this folder; certify's lock, and the pid that holds it
 MANIFEST = ".certify.files"  # what certify and its runs wrote here: {path: [size, mtime_ns], folder: null}
-OWN = ("straight", "stopped", "resumed", "resumed.first", "repaired", "control", "runs", "straight.log",
+STRAIGHT = "straight.json"  # the straight run's command, settings and time (runs.Runs.reuse_straight)
+OWN = ("straight", STRAIGHT, "stopped", "resumed", "resumed.first", "repaired", "control", "runs", "straight.log",
        "stopped.log", "resumed.log", "resumed.first.log", "repaired.log", "control.log", "verdict.json",
        "verdict.md", "parting.svg")
 _held_locks = {}  # OUT: its MARK, open and locked until the process ends

@@ -23,6 +23,7 @@ from . import outdir, processes, progress, verdict
 from .errors import CannotJudge
 
 SITE = Path(__file__).parent / "site"
+STRAIGHT = outdir.STRAIGHT  # the straight run's command, settings and time, beside its certificate
 STEP = re.compile(r"\{step(?::([^{}]*))?\}")  # {step}, or {step:04d} as format() takes it
 
 
@@ -209,15 +210,54 @@ class Runs:
         self.windows, self.straight, self.rows = {}, {}, {}  # rows: the repaired and control runs', aligned
 
     def run(self, name: str, argv: list, folder: str, step: int | None = None, **settings) -> tuple:
-        """(exit code, its certificate's rows, whether it was killed)."""
-        env = {**self.env, "CERTIFY_RECORD": str(self.out / name), **{k: str(v) for k, v in settings.items()}}
-        argv = substitute(argv, self.out / "runs" / folder, self.stop_after if step is None else step)
+        """(exit code, its certificate's rows, whether it was killed). The straight run's command, settings
+        and time go to straight.json, for a later certify to reuse (reuse_straight)."""
+        settings = {k: str(v) for k, v in settings.items()}
+        env = {**self.env, "CERTIFY_RECORD": str(self.out / name), **settings}
+        template, argv = argv, substitute(argv, self.out / "runs" / folder, self.stop_after if step is None else step)
         began = time.time_ns()
         code = execute(name, argv, env, self.out, self.timeout)
         self.windows[name] = (began, time.time_ns())
-        if name != "straight":
+        if name == "straight":
+            outdir.write_atomic(self.out / STRAIGHT, json.dumps(
+                {"command": template, "settings": settings, "window": self.windows[name], "exit": code}) + "\n")
+            outdir.record(self.out)
+        else:
             self.refuse_shared(name)
         return code, *verdict.read(self.out / name)
+
+    def reuse_straight(self, source: Path, argv: list, **settings) -> tuple:
+        """(exit code, rows, killed) of the straight run an earlier certify made in SOURCE (its --out), copied
+        here, not run again: it must have run this very COMMAND with at least these SETTINGS (what it kept of
+        its state), and be as that certify left it. CannotJudge otherwise, naming what differs."""
+        said = f"--straight-from {source}"
+        try:
+            made = json.loads((source / STRAIGHT).read_text())
+            command, kept, window, code = made["command"], made["settings"], made["window"], made["exit"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise CannotJudge(f"{said}: no straight run a certify made there ({STRAIGHT} missing or unreadable)") \
+                from None
+        if command != argv:
+            raise CannotJudge(f"{said}: its straight run ran another command ({shlex.join(command)})")
+        other = next((k for k, v in settings.items() if kept.get(k) != str(v)), None)
+        if other is not None:
+            raise CannotJudge(f"{said}: its straight run was recorded with {other}={kept.get(other)}, this one "
+                              f"needs {settings[other]}")
+        listed, now = outdir.read_manifest(source), outdir.entries(source)
+        changed = next((n for n in sorted(now) if n.split("/")[0] in ("straight", "straight.log", STRAIGHT)
+                        and listed.get(n, "absent") != now[n]), None)
+        if changed is not None:
+            raise CannotJudge(f"{said}: {source / changed} was changed since certify wrote it")
+        try:
+            shutil.copytree(source / "straight", self.out / "straight", symlinks=True)
+            for name in ("straight.log", STRAIGHT):
+                shutil.copy2(source / name, self.out / name)
+        except OSError as e:
+            raise outdir.cannot(self.out / "straight", e) from None
+        finally:
+            outdir.record(self.out)
+        self.windows["straight"] = tuple(window)
+        return code, *verdict.read(self.out / "straight")
 
     def refuse_shared(self, name: str) -> None:
         """CannotJudge where run NAME read a file the straight run wrote (modified while it ran): the runs share a
@@ -280,7 +320,8 @@ def check_options(command: list, resume_command, stop_after: int, lose: int, aga
 
 
 def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 0, timeout: float = 3600,
-            repair: bool = False, control: bool = False, again: int = 0, resume_command: list | None = None) -> dict:
+            repair: bool = False, control: bool = False, again: int = 0, resume_command: list | None = None,
+            straight_from: Path | None = None) -> dict:
     """The verdict on COMMAND's resume (verdict.judge's dict), with verdict.json, verdict.md and parting.svg
     written to OUT. REPAIR: where the first difference is samples or an RNG, resumed runs with the straight
     run's inputs or RNG states put back say whether they were all the checkpoint forgot. CONTROL: one more
@@ -288,13 +329,15 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
     the resumed run is killed again before step AGAIN + 1 and resumed from its own checkpoint of AGAIN (no
     repair or control then: each puts its pieces back once, after K). RESUME_COMMAND: the resumed runs run it
     instead of COMMAND (another launcher, another number of ranks), the resume arguments added to it.
+    STRAIGHT_FROM: the --out of an earlier certify of COMMAND, whose straight run is reused (Runs.reuse_straight).
     Raises CannotJudge."""
     check_options(command, resume_command, stop_after, lose, again, repair, control)
     resuming = (resume_command or command) + shlex.split(resume)
     out = out.resolve()
     prepare(out)
     runs = Runs(out, timeout, stop_after, resuming)
-    straight, stopped, killed = straight_and_stopped(runs, command, resume, lose, again, repair)
+    straight, stopped, killed = straight_and_stopped(runs, command, resume, lose, again, repair,
+                                                     straight_from and Path(straight_from).resolve())
     if repair or control:
         runs.keep_checkpoint()
     resumed, start = resumed_runs(runs, resume, again, lose)
@@ -313,6 +356,7 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
             "control", pieces, CERTIFY_EMPTY_OPTIMIZER=1), repaired_run)
     found["not_recorded"] = runs.notes()
     found.update(command=command, resume=resume, lose=lose, again=again,
+                 straight_from=str(Path(straight_from).resolve()) if straight_from else None,
                  resume_command=shlex.join(resume_command) if resume_command else None)
     outdir.publish(out, {"verdict.json": json.dumps(found, indent=1) + "\n",
                          "verdict.md": verdict.markdown(found, shlex.join(command), resume, lose),
@@ -320,14 +364,19 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
     return found
 
 
-def straight_and_stopped(runs: Runs, command: list, resume: str, lose: int, again: int, repair: bool) -> tuple:
-    """The straight run (its RNG states after K kept, and with REPAIR its inputs after K), then the stopped
-    run, killed before step K + 1 + LOSE with its checkpoint of K on disk: (straight, stopped, killed)."""
+def straight_and_stopped(runs: Runs, command: list, resume: str, lose: int, again: int, repair: bool,
+                         straight_from: Path | None = None) -> tuple:
+    """The straight run (its RNG states after K kept, and with REPAIR its inputs after K; or STRAIGHT_FROM's,
+    reused), then the stopped run, killed before step K + 1 + LOSE with its checkpoint of K on disk:
+    (straight, stopped, killed)."""
     out, stop_after = runs.out, runs.stop_after
     kill_at = stop_after + 1 + lose
     keep = {"CERTIFY_KEEP_INPUTS": stop_after} if repair else {}  # the model's inputs after K: only for a repair
-    code, straight, _ = runs.run("straight", command, "straight", CERTIFY_KEEP_RNG=stop_after, CERTIFY_KEEP_FINAL=1,
-                                 **keep)
+    keep.update(CERTIFY_KEEP_RNG=stop_after, CERTIFY_KEEP_FINAL=1)
+    if straight_from is None:
+        code, straight, _ = runs.run("straight", command, "straight", **keep)
+    else:
+        code, straight, _ = runs.reuse_straight(straight_from, command, **keep)
     if code != 0:
         raise CannotJudge(f"the straight run failed (exit {code}): {last_line(out / 'straight.log')}",
                           out / "straight.log")

@@ -253,8 +253,11 @@ def markdown(v: dict, command: str, resume: str, lose: int) -> str:
               f"(`--stop-after {v['stop_after']}`{f' `--lose {lose}`' if lose else ''}; recorded: {killed}); "
               f"resumed with `{resume}` from step {v['stop_after']}'s checkpoint"
               + (f", killed again before the update of step {v['again'] + 1} and resumed from its own checkpoint of "
-                 f"step {v['again']}" if v.get("again") else "") + ".", "",
-              "![where the runs part](parting.svg)", ""]
+                 f"step {v['again']}" if v.get("again") else "") + ".", ""]
+    if v.get("straight_from"):
+        lines += [f"The straight run is the one certify ran for `{v['straight_from']}` (`--straight-from`): the same "
+                  "command, reused.", ""]
+    lines += ["![where the runs part](parting.svg)", ""]
     if v.get("ranks"):
         n = v["ranks"]
         lines += [f"Resumed on {n['resumed']} rank{'s' * (n['resumed'] > 1)} of {n['straight']} (`{v['resume_command']}`):"

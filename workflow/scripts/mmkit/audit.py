@@ -122,6 +122,25 @@ def command(framework: str, scenario: Scenario, script: str, python: str, own: d
     return argv, resume, one_command(framework, resumed_on_fewer(scenario), script, python, own)[0]
 
 
+def straight_source(framework: str, scenario: str, scenarios: list) -> str | None:
+    """The scenario among SCENARIOS (the audit's, in their order) whose cell's straight run SCENARIO's cell
+    reuses (certify --straight-from), or None: the first other one whose straight run is the same command and
+    kept all this one needs (its inputs after the cut, for a repair: any but --again). The own row runs its
+    cell's own config file, so its cells share none."""
+    mine = SCENARIOS[scenario]
+
+    def straight(s: Scenario):
+        return one_command(framework, s, "SCRIPT", "PYTHON")[0], s.cut
+
+    if framework == "own" or mine.unsupported and framework in dict(mine.unsupported):
+        return None
+    for other in scenarios[:scenarios.index(scenario)] if scenario in scenarios else scenarios:
+        s = SCENARIOS[other]
+        if not s.again and framework not in dict(s.unsupported) and straight(s) == straight(mine):
+            return other
+    return None
+
+
 def one_command(framework: str, scenario: Scenario, script: str, python: str, own: dict | None = None) -> tuple:
     s, flags = scenario, []
     launch = [python]
