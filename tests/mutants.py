@@ -39,7 +39,7 @@ from pathlib import Path
 from outcomes import OUTCOMES, RECORD, REPO, STOP, TEST_RECORD, tracked_files, tree_digest
 
 M = "workflow/scripts/mmkit/"
-C = "workflow/scripts/certkit/"
+C = "certify/src/certkit/"  # certify's distribution: its copy comes first on PYTHONPATH (run_tests)
 T = "tests/"
 
 
@@ -289,7 +289,7 @@ BREAKAGES = [
              "/ {g(row['max_abs_loss_gap'])} | {rows['straight']['val_loss']:.4f} |",
              (T + "test_pipeline.py::test_every_number_in_the_summary_is_recomputed_from_the_artifacts",),
              ("results/summary.md",)),
-    # certify (workflow/scripts/certkit)
+    # certify (certify/src/certkit)
     Breakage("certify: a daemon a run double-forked left running (no sweep of certify's descendants)", C + "runs.py",
              "execute", "processes.end_descendants(spared)", "None",
              (T + "test_certify_cli.py::test_a_daemon_that_each_run_double_forks_out_of_its_session_is_ended_with_the_run",)),
@@ -435,8 +435,9 @@ def run_tests(work: Path, root: Path, tests, shared: Path, *options, rebuild=(),
     """Run TESTS in WORK under the outcomes plugin: (its records, the last line pytest printed)."""
     outcomes = root / "outcomes.jsonl"
     outcomes.unlink(missing_ok=True)
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(work / "tests"), OUTCOMES: str(outcomes),
-           "MMKIT_SHARED_PIPELINE": str(shared)}
+    # certify's package from WORK, before the editable install of the unbroken one
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", OUTCOMES: str(outcomes), "MMKIT_SHARED_PIPELINE": str(shared),
+           "PYTHONPATH": os.pathsep.join([str(work / "tests"), str(work / "certify" / "src")])}
     for name in ("MMKIT_SHARED_PIPELINE_UPDATE", "CI", STOP, RECORD):
         env.pop(name, None)  # CI: under CI=true a skipped test fails, and a skip must not count as a catch
     if rebuild:

@@ -15,9 +15,10 @@ import sys
 import pytest
 import torch
 import yaml
-from conftest import REPO, SCRIPTS, assert_same_state_dict, clean_env, same_state_dict
+from certkit.runs import SITE  # the recorder's sitecustomize, in the installed package
+from conftest import REPO, assert_same_state_dict, clean_env, same_state_dict
 
-CERTIFY = [sys.executable, str(SCRIPTS / "certify.py")]
+CERTIFY = [sys.executable, "-m", "certkit"]  # the installed package (certify/), as `certify` runs it
 PLAIN = [sys.executable, str(REPO / "examples" / "plain_loop.py"), "--out", "{run}"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 ENV = {**clean_env(), "OMP_NUM_THREADS": "1"}
@@ -60,7 +61,7 @@ def test_the_recorder_changes_no_bit_of_what_a_process_computes(tmp_path):
     other than the user's)."""
     runs = {}
     for name, env in (("plain", clean_env()),
-                      ("recorded", {**clean_env(), "PYTHONPATH": str(SCRIPTS / "certkit" / "site"),
+                      ("recorded", {**clean_env(), "PYTHONPATH": str(SITE),
                                     "CERTIFY_RECORD": str(tmp_path / "certificate")})):
         subprocess.run([*PLAIN[:2], "--out", tmp_path / name, "--steps", "6", "--dropout", "0.1"], env=env,
                        check=True, capture_output=True)
@@ -141,7 +142,8 @@ def test_ddp_under_torchrun_that_forgets_rank_1s_rng_is_named_rank_1_rng_and_the
     assert_same_state_dict(weights["straight"]["model"], weights["repaired"]["model"])
     assert not same_state_dict(weights["straight"]["model"], weights["resumed"]["model"])
     assert set(verdict["steps"]["straight"]) == {"0", "1"}
-    assert "plain_loop.py" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    # no process of its runs left (each names its folder under tmp_path), whatever else runs on the machine
+    assert str(tmp_path) not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 
 
 def test_a_torchrun_command_resumed_on_one_process_by_resume_command_is_judged_on_rank_0(tmp_path):
@@ -283,7 +285,7 @@ def test_a_process_that_looks_torch_up_before_importing_it_is_recorded(tmp_path)
     script = ("import transformers\nimport torch\nnet = torch.nn.Linear(2, 1)\n"
               "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nfor _ in range(3):\n"
               "    net(torch.ones(1, 2)).sum().backward(); opt.step(); opt.zero_grad()\n")
-    env = {**ENV, "PYTHONPATH": str(SCRIPTS / "certkit" / "site"), "CERTIFY_RECORD": str(tmp_path / "c")}
+    env = {**ENV, "PYTHONPATH": str(SITE), "CERTIFY_RECORD": str(tmp_path / "c")}
     subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True, timeout=300)
     assert (tmp_path / "c" / "rank0.jsonl").exists(), "no certificate: the process ran unrecorded"
     assert [row["step"] for row in rows_of(tmp_path / "c")] == [1, 2, 3]

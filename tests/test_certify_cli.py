@@ -22,9 +22,9 @@ import time
 import uuid
 
 import pytest
-from conftest import REPO, SCRIPTS, clean_env
+from conftest import REPO, clean_env
 
-CERTIFY = [sys.executable, str(SCRIPTS / "certify.py")]
+CERTIFY = [sys.executable, "-m", "certkit"]  # the installed package (certify/), as `certify` runs it
 SCRIPT = [sys.executable, str(REPO / "tests" / "programs" / "linear_sgd.py"), "--out", "{run}"]
 RESUME = "--resume={run}/ckpt_{step:04d}.pt"
 ENV = {**clean_env(), "OMP_NUM_THREADS": "1"}

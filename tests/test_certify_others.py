@@ -20,10 +20,11 @@ import time
 
 import pytest
 import torch
-from conftest import REPO, SCRIPTS, clean_env, differences
+from certkit.runs import SITE  # the recorder's sitecustomize, in the installed package
+from conftest import REPO, clean_env, differences
 from safetensors.torch import load_file
 
-CERTIFY = [sys.executable, str(SCRIPTS / "certify.py")]
+CERTIFY = [sys.executable, "-m", "certkit"]  # the installed package (certify/), as `certify` runs it
 WORDS = ("the a cat dog bird sat ran flew on under over mat log tree red blue green small big old new "
          "quickly slowly today again and then").split()
 
@@ -209,7 +210,7 @@ def test_activation_checkpointing_leaves_every_later_steps_samples_recorded(tmp_
     taken as the model's input: every step after the first records no samples at all, a resumed run's first step
     records one, and certify calls a bit-exact resume not exact (trl sft above, whose SFTConfig checkpoints
     activations by default). The program feeds the same batch every step: every step's samples are step 1's."""
-    env = {**clean_env(), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPTS / "certkit" / "site"),
+    env = {**clean_env(), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SITE),
            "CERTIFY_RECORD": str(tmp_path / "certificate")}
     proc = subprocess.run([sys.executable, REPO / "tests" / "programs" / "checkpointed_blocks.py"], env=env,
                           capture_output=True, text=True, timeout=120)

@@ -8,8 +8,7 @@ CERTIFY = f"{OUT}/certify"
 
 rule certify_entry:
     input:
-        code=code_inputs(SCRIPTS / "certify.py"),
-        script=SCRIPTS / "certify.py",
+        code=CERTIFY_CODE + code_inputs(CERTIFY_CODE[0]),
         files=certify_files,
     output:
         verdict=f"{CERTIFY}/{{name}}/verdict.md",
@@ -29,7 +28,7 @@ rule certify_entry:
         command=lambda w: certify_command(w.name),
     shell:
         # exit 1 is a verdict (not exact), as much a result as 0
-        "python {input.script} --out {params.folder} --stop-after {params.stop_after} --lose {params.lose}"
+        "certify --out {params.folder} --stop-after {params.stop_after} --lose {params.lose}"
         " --resume {params.resume} -- {params.command} > {log} 2>&1 || [ $? -eq 1 ]"
 
 

@@ -8,6 +8,19 @@ import shlex
 from functools import cache
 
 
+def installed_root(package):
+    """The folder that holds PACKAGE as this Python imports it (for certkit: certify/src, editable)."""
+    import importlib.util
+
+    return Path(importlib.util.find_spec(package).submodule_search_locations[0]).parent
+
+
+INSTALLED_ROOTS = (installed_root("certkit"),)
+# the certify command's code: its entry module (and, through code_inputs, all it imports) and the
+# sitecustomize it loads the recorder with
+CERTIFY_CODE = [str(installed_root("certkit") / "certkit" / f) for f in ("cli.py", "site/sitecustomize.py")]
+
+
 def code_inputs(script):
     """The local modules SCRIPT imports, directly or through one another, found in their source when the
     DAG is parsed (a new module in the package needs no list kept by hand). Local: the package's modules
@@ -18,8 +31,9 @@ def code_inputs(script):
     # a copy of the workflow without bench/: the rule's script input says what is missing
     if not script.is_file():
         return []
-    # where `python script` finds them: the script's folder, then sys.path (mmkit's folder)
-    roots = (script.parent, SCRIPTS)
+    # where `python script` finds them: the script's folder, then sys.path (mmkit's folder), then this
+    # repository's installed distributions (certkit: certify/, installed editable)
+    roots = (script.parent, SCRIPTS, *INSTALLED_ROOTS)
     found, todo = set(), [(script, "__main__")]
     while todo:
         for path, module in imported_files(*todo.pop(), roots):

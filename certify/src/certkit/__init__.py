@@ -9,7 +9,10 @@
   outdir.py      the --out folder: its lock, the manifest of what certify wrote there, whole-or-nothing writes
   progress.py    what certify says on stderr while its runs go
   errors.py      CannotJudge and Interrupted
+  cli.py         the `certify` command (python -m certkit)
 
 It knows nothing of the project around it (torch, numpy and the standard library only): the lab uses the
 tool, never the other way round.
 """
+
+__version__ = "0.1.0"

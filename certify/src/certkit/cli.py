@@ -1,11 +1,11 @@
 """Certify a training command's resume: run it straight, SIGKILL it after step K's checkpoint, resume it, and
 name the first optimizer step, rank and piece of state where the resumed run leaves the straight one.
 
-  python workflow/scripts/certify.py --out DIR --stop-after K --resume 'ARGS' -- COMMAND ...
+  certify --out DIR --stop-after K --resume 'ARGS' -- COMMAND ...
 
 {run} in COMMAND and ARGS is a folder per run, {step} is K ({step:04d}: 0004). Exit 0: exact; 1: not exact;
 2: could not judge (one line why, then the failing run's last lines); 128 + N: stopped by signal N.
-docs/certify.md says what is recorded and how.
+README.md beside the package says what is recorded and how.
 """
 
 import argparse
@@ -19,7 +19,7 @@ from certkit.errors import Interrupted
 from certkit.runs import CannotJudge, certify, substitute
 from certkit.verdict import headline
 
-USAGE = ("certify.py --out DIR --stop-after K [--resume ARGS] [--lose N] [--again K2] [--resume-command CMD] "
+USAGE = ("certify --out DIR --stop-after K [--resume ARGS] [--lose N] [--again K2] [--resume-command CMD] "
          "[--repair] [--control] [--straight-from DIR] [--timeout S] -- COMMAND ...")
 EPILOG = """\
 {run} in COMMAND, ARGS and CMD is a folder of each run's own: DIR/runs/straight for the straight run,
@@ -100,7 +100,9 @@ def judged(args, command: list) -> dict:
                    args.control, args.again, args.resume_command, args.straight_from)
 
 
-def main(argv: list) -> int:
+def main(argv: list | None = None) -> int:
+    """The `certify` command (and `python -m certkit`): ARGV, or the process's own arguments."""
+    argv = sys.argv[1:] if argv is None else argv
     processes.catch_stops()
     try:
         processes.become_subreaper()
@@ -128,5 +130,6 @@ def main(argv: list) -> int:
     return 0 if found["exact"] else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def run() -> None:
+    """The console script's entry point: main's status is the process's."""
+    sys.exit(main())

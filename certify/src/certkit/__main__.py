@@ -1,0 +1,5 @@
+"""python -m certkit: the certify command."""
+
+from certkit.cli import run
+
+run()
