@@ -18,7 +18,10 @@ def installed_root(package):
 INSTALLED_ROOTS = (installed_root("certkit"),)
 # the certify command's code: its entry module (and, through code_inputs, all it imports) and the
 # sitecustomize it loads the recorder with
-CERTIFY_CODE = [str(installed_root("certkit") / "certkit" / f) for f in ("cli.py", "site/sitecustomize.py")]
+CERTIFY_CODE = [
+    str(installed_root("certkit") / "certkit" / f)
+    for f in ("cli.py", "site/sitecustomize.py")
+]
 
 
 def code_inputs(script):
