@@ -10,6 +10,8 @@
   progress.py    what certify says on stderr while its runs go
   errors.py      CannotJudge and Interrupted
   cli.py         the `certify` command (python -m certkit)
+  reports.py     the verdict for CI: JUnit XML (a testcase per rank), a Markdown step summary
+  pytest_plugin.py  certify_resume: a project's own test, failing with the verdict's line
 
 It knows nothing of the project around it (torch, numpy and the standard library only): the lab uses the
 tool, never the other way round.

@@ -14,13 +14,13 @@ import signal
 import sys
 from pathlib import Path
 
-from certkit import processes
+from certkit import processes, reports
 from certkit.errors import Interrupted
 from certkit.runs import CannotJudge, certify, substitute
 from certkit.verdict import headline
 
 USAGE = ("certify --out DIR --stop-after K [--resume ARGS] [--lose N] [--again K2] [--resume-command CMD] "
-         "[--repair] [--control] [--straight-from DIR] [--timeout S] -- COMMAND ...")
+         "[--repair] [--control] [--straight-from DIR] [--timeout S] [--junit FILE] [--summary FILE] -- COMMAND ...")
 EPILOG = """\
 {run} in COMMAND, ARGS and CMD is a folder of each run's own: DIR/runs/straight for the straight run,
 DIR/runs/resumed for the stopped and the resumed run, which share it. {step} is K (K2 in the second
@@ -77,6 +77,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--straight-from", type=Path, metavar="DIR", help="reuse the straight run of an earlier certify "
                    "of the same COMMAND (its --out DIR) instead of running it again: for several cuts of one command "
                    "(--lose, --again, --resume-command); refused if it ran another command or kept less state")
+    p.add_argument("--junit", type=Path, metavar="FILE", help="JUnit XML for CI: this run's testsuite, a testcase "
+                   "per rank failing with its first difference (added to FILE's other certify runs)")
+    p.add_argument("--summary", type=Path, metavar="FILE", help="Markdown appended to FILE (GitHub: "
+                   "$GITHUB_STEP_SUMMARY): the verdict, the first differences, the steps compared, the rerun command")
     return p
 
 
@@ -100,6 +104,16 @@ def judged(args, command: list) -> dict:
                    args.control, args.again, args.resume_command, args.straight_from)
 
 
+def report(args, argv: list, found: dict | None, error: str | None = None) -> None:
+    """--junit and --summary: the verdict FOUND, or ERROR where certify could not judge."""
+    command = shlex.join(argv[argv.index("--") + 1:] if "--" in argv else [])
+    if args.junit:
+        reports.write_junit(args.junit, reports.suite(found, command, args.out, error))
+    if args.summary:
+        rerun = shlex.join(["certify", *argv])
+        reports.append_summary(args.summary, reports.summary(found, command, args.out, rerun, error))
+
+
 def main(argv: list | None = None) -> int:
     """The `certify` command (and `python -m certkit`): ARGV, or the process's own arguments."""
     argv = sys.argv[1:] if argv is None else argv
@@ -108,7 +122,12 @@ def main(argv: list | None = None) -> int:
         processes.become_subreaper()
         split = argv.index("--") if "--" in argv else len(argv)
         args = parser().parse_args(joined(argv[:split]))
-        found = judged(args, argv[split + 1:])
+        try:
+            found = judged(args, argv[split + 1:])
+        except CannotJudge as e:
+            report(args, argv, None, str(e))
+            raise
+        report(args, argv, found)
     except Interrupted as e:
         processes.ignore_stops()
         print(f"certify: interrupted by {signal.Signals(e.signum).name}: the run in progress and every process "

@@ -355,7 +355,7 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
         found["control"] = controlled(found, straight, lambda pieces: runs.resumed_again(
             "control", pieces, CERTIFY_EMPTY_OPTIMIZER=1), repaired_run)
     found["not_recorded"] = runs.notes()
-    found.update(command=command, resume=resume, lose=lose, again=again,
+    found.update(format=verdict.FORMAT, command=command, resume=resume, lose=lose, again=again,
                  straight_from=str(Path(straight_from).resolve()) if straight_from else None,
                  resume_command=shlex.join(resume_command) if resume_command else None)
     outdir.publish(out, {"verdict.json": json.dumps(found, indent=1) + "\n",

@@ -28,6 +28,7 @@ NAMES = {"missing": "the step itself (one run lacks it)", "params_in": "the para
          "rng_cuda": "RNG (CUDA)", "gradients": "gradients", "scale": "GradScaler scale", "lr": "LR",
          "optimizer": "optimizer state", "params": "parameters"}
 ORDER = ("missing",) + PIECES
+FORMAT = 1  # verdict.json's format (verdict.schema.json beside this module): a new number, a changed meaning
 RNG = tuple(p for p in PIECES if p.startswith("rng_"))  # what a step may draw from, not what it computed
 # what each process has of its own: on another number of ranks a process gets other slices and draws
 PER_PROCESS = ("samples", "rng_torch", "rng_numpy", "rng_python", "rng_cuda")
@@ -137,8 +138,12 @@ def judge(straight: dict, stopped: dict, resumed: dict, killed: dict, stop_after
         first = {"step": extra[0], "rank": min(resumed), "piece": "missing", "pieces": {}}
     warning = rng_warning(compared, resumed, range(start + 1, first["step"] if first else last + 1), unseeded)
     started_over = start == 0 < stop_after
+    # each rank's own first difference (a rank may part later than the first one): the JUnit report's cases
+    by_rank = {r: first_difference({r: rows}, {r: resumed.get(r, {})}, steps, unseeded) for r, rows in compared.items()}
     return {"exact": first is None and not started_over, "deterministic": before_kill is None,
-            "before_kill": before_kill, "first": first, "resumed_from": start, "started_over": started_over,
+            "before_kill": before_kill, "first": first,
+            "first_by_rank": {r: f and {"step": f["step"], "piece": f["piece"]} for r, f in sorted(by_rank.items())},
+            "resumed_from": start, "started_over": started_over,
             "rng_warning": warning, "steps": {"straight": steps_of(straight), "stopped": steps_of(stopped),
                                       "resumed": steps_of(resumed)},
             "killed_at": killed, "stop_after": stop_after, "last_step": last, "not_compared": unseeded,
