@@ -1,24 +1,33 @@
 # Two commands on a fresh machine:
 #   make results   set up .venv with requirements.txt and build every artifact (snakemake --cores all)
 #   make test      set up .venv with requirements-test.txt and run the tests
+#   make audit     add requirements-audit.txt (the trainers: transformers, Accelerate, Lightning) and run the audit
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 RUN := PATH=$(abspath $(BIN)):$$PATH
 
-.PHONY: results test check test-stress mutants lint readme bench clean
+.PHONY: results audit test check test-stress mutants lint readme bench clean
 
 $(BIN)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -r requirements.txt
 	touch $@
 
-$(BIN)/.test: requirements-test.txt $(BIN)/.runtime
+$(BIN)/.audit: requirements-audit.txt $(BIN)/.runtime
+	$(BIN)/pip install -q -r requirements-audit.txt
+	touch $@
+
+$(BIN)/.test: requirements-test.txt $(BIN)/.audit
 	$(BIN)/pip install -q -r requirements-test.txt
 	touch $@
 
 results: $(BIN)/.runtime
 	$(RUN) snakemake --cores all
+
+# other trainers' resume through certify (results/audit/); the only target that needs their packages
+audit: $(BIN)/.audit
+	$(RUN) snakemake --cores 2 audit
 
 TEST_WORKERS ?= 2
 # .test-record/: which tree ran, how each test ended, where its tiny pipeline is (make mutants reuses them)
@@ -46,7 +55,7 @@ lint: $(BIN)/.test
 
 # copy the default run's results tables and the latest benchmark targets into README.md and docs/*.md
 # (each block lives in one of them; update_readme.py finds which)
-readme: results
+readme: results $(BIN)/.audit
 	$(RUN) snakemake --cores all dist
 	$(RUN) snakemake --cores all --configfile config.yaml presets/minimind-parity.yaml
 	$(RUN) snakemake --cores all audit audit_releases crash certify

@@ -22,8 +22,8 @@ if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! comm
     command -v apt-get >/dev/null || die "SLURM binaries missing (slurmctld, slurmd, munged, sinfo) and no apt-get to install them"
     echo "installing slurmctld slurmd slurm-client munge (apt-get)" >&2
     export DEBIAN_FRONTEND=noninteractive
-    timeout 600 apt-get update -qq >/dev/null || die "apt-get update failed"
-    timeout 600 apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null \
+    timeout 600 apt-get -o DPkg::Lock::Timeout=600 update -qq >/dev/null || die "apt-get update failed"
+    timeout 600 apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null \
         || die "apt-get install of the SLURM packages failed"
 fi
 

@@ -13,11 +13,12 @@ from the standard library's modulefinder, not from the function under test.
 import os
 import re
 import shutil
+from functools import cache
 from modulefinder import ModuleFinder
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, snakemake
+from conftest import REPO, SCRIPTS, snakemake
 
 MODULES = sorted(p.name for p in (SCRIPTS / "mmkit").glob("*.py"))
 
@@ -38,12 +39,24 @@ def jobs(proc) -> dict:
     return found
 
 
+@cache
+def finder(script: Path) -> ModuleFinder:
+    """Python's own modulefinder run on SCRIPT (imports inside functions too), finding only what lies beside
+    it: what it imports from elsewhere (torch, ...) is left in its badmodules."""
+    found = ModuleFinder(path=[str(script.parent)])
+    found.run_script(str(script))
+    return found
+
+
 def imported_modules(script: Path) -> set:
-    """The package's files SCRIPT imports, as Python's own modulefinder follows them (inside functions too)."""
-    finder = ModuleFinder(path=[str(script.parent)])
-    finder.run_script(str(script))
-    return {Path(m.__file__).name for name, m in finder.modules.items()
+    """The package's files SCRIPT imports."""
+    return {Path(m.__file__).name for name, m in finder(script).modules.items()
             if (name == "mmkit" or name.startswith("mmkit.")) and m.__file__}
+
+
+def packages_from_elsewhere(script: Path) -> set:
+    """The top-level names SCRIPT imports, directly or through the package, that are not beside it."""
+    return {name.partition(".")[0] for name in finder(script).badmodules}
 
 
 def scripts_of(shell: str, work: Path) -> list[Path]:
@@ -112,3 +125,21 @@ def test_every_job_declares_exactly_the_modules_its_script_imports(copy):
         assert declared == imported_by(shell, work), job
         checked += 1
     assert checked > 30  # every training, dist/ and analysis job, and the settings files
+
+
+def test_the_default_build_imports_none_of_the_packages_only_the_audit_installs(copy):
+    """make results installs requirements.txt only; the audit's trainers come with requirements-audit.txt.
+    Catches: a job of `all` whose script (or a module it imports) imports one of them, which fails on a
+    fresh clone's make results; and a trainer put back into requirements.txt."""
+    def names(requirements):
+        lines = (line.split("#")[0].strip() for line in (REPO / requirements).read_text().splitlines())
+        return {re.split(r"[=<>\[ ]", line)[0].replace("-", "_") for line in lines if line and line[0] != "-"}
+
+    audit_only = names("requirements-audit.txt")
+    assert audit_only >= {"transformers", "accelerate", "lightning", "torchdata"}
+    assert not audit_only & names("requirements.txt")
+    work, everything, _ = copy
+    imported = {job: set().union(*map(packages_from_elsewhere, scripts_of(shell, work)))
+                for job, (_, _, shell) in everything.items()}
+    assert any("torch" in found for found in imported.values())  # the finder sees what lies elsewhere
+    assert {job: found & audit_only for job, found in imported.items() if found & audit_only} == {}

@@ -8,6 +8,7 @@ Each test names the breakage it catches.
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -21,6 +22,9 @@ HERE = Path(__file__).parent
 TRAIN = HERE / "train.py"
 RESUME = "--resume {run}/ckpt_{step:04d}.pt"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+# a linter for action metadata (action.yml against SchemaStore's schema), from the npm registry:
+# https://github.com/mpalmer/action-validator
+ACTION_VALIDATOR = "@action-validator/cli@0.6.0"
 
 
 def certify(*argv, cwd):
@@ -108,6 +112,34 @@ def test_the_action_passes_every_input_to_the_command_line_and_splits_the_comman
     assert argv[argv.index("--") + 1:] == ["python", "my train.py", "--out", "{run}"]
     assert (args.stop_after, args.resume, args.repair, args.control, str(args.junit), str(args.summary)) == \
         (3, "--resume {run}/x.pt", True, False, "j.xml", str(tmp_path / "summary.md"))
+
+
+@pytest.fixture(scope="session")
+def action_validator():
+    """action-validator, installed into this venv's node/ folder (Node.js and npm from apt-get if absent)."""
+    prefix = Path(sys.prefix) / "node"
+    tool = prefix / "node_modules" / ".bin" / "action-validator"
+    if not tool.exists():
+        if not shutil.which("npm") and shutil.which("apt-get"):
+            wait = ["-o", "DPkg::Lock::Timeout=600"]  # the SLURM test may be installing its packages
+            subprocess.run(["apt-get", *wait, "update", "-qq"], check=True, capture_output=True, timeout=900)
+            subprocess.run(["apt-get", *wait, "install", "-y", "-qq", "--no-install-recommends", "nodejs", "npm"],
+                           check=True, capture_output=True, timeout=900)
+        if not shutil.which("npm"):
+            pytest.skip("no npm, and no apt-get to install it")
+        subprocess.run(["npm", "install", "--prefix", prefix, "--no-audit", "--no-fund", ACTION_VALIDATOR],
+                       check=True, capture_output=True, timeout=300)
+    return tool
+
+
+def test_the_action_passes_a_linter_for_action_metadata(action_validator, tmp_path):
+    """Catches: an action.yml GitHub would refuse (a misspelt key, an input without a description, a step
+    without its shell); and a linter that accepts anything (a copy with one misspelt key must fail)."""
+    lint = subprocess.run([action_validator, HERE.parent / "action.yml"], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    (tmp_path / "action.yml").write_text((HERE.parent / "action.yml").read_text().replace("    default:", "    defalt:", 1))
+    lint = subprocess.run([action_validator, tmp_path / "action.yml"], capture_output=True, text=True)
+    assert lint.returncode == 1 and "'defalt' is not allowed" in lint.stderr, lint.stdout + lint.stderr
 
 
 def test_the_pytest_fixture_passes_an_exact_resume_and_fails_a_forgetful_one_with_the_verdict(tmp_path):
