@@ -12,11 +12,12 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import yaml
 from certkit.runs import SITE  # the recorder's sitecustomize, in the installed package
-from conftest import REPO, assert_same_state_dict, clean_env, same_state_dict
+from conftest import REPO, assert_same_state_dict, clean_env, same_state_dict, tiny_config
 
 CERTIFY = [sys.executable, "-m", "certkit"]  # the installed package (certify/), as `certify` runs it
 PLAIN = [sys.executable, str(REPO / "examples" / "plain_loop.py"), "--out", "{run}"]
@@ -366,3 +367,26 @@ def test_runs_that_share_a_checkpoint_folder_are_refused_naming_the_file(tmp_pat
     assert proc.returncode == 2 and verdict is None, proc.stderr[-2000:]
     refusal = next(line for line in lines if line.startswith("certify: "))
     assert str(work / "checkpoints" / "ckpt_4.pt") in refusal and "straight run wrote" in refusal
+
+
+def test_run_py_saves_survive_a_crash_at_every_file_event_and_every_power_loss_state(tmp_path):
+    """certify --crash on run.py's auto-resume from its checkpoint folder (checkpoints every 2 steps; saves 2
+    and 4 recorded, the kill before step 5). run.py writes each file to a .tmp, fsyncs it, renames it and
+    fsyncs the folder, and picks only sealed checkpoints: no state of either failure model may fail.
+    Catches: a save path that renames before its fsync, an auto-resume that takes an unsealed folder, and a
+    crash mode that resumes nothing (every state of both models counted, a dozen resumed)."""
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_config(steps=6, checkpoint={"every": 2, "keep": 2, "keep_when_done": False,
+                                                                   "async": False})))
+    tokens = tmp_path / "train.npy"
+    np.save(tokens, np.random.default_rng(0).integers(0, 512, 4096, dtype=np.uint16))
+    out = tmp_path / "crash"
+    proc = subprocess.run([*CERTIFY, "--crash", "--max-points", "12", "--out", out, "--stop-after", "4", "--",
+                           sys.executable, REPO / "workflow" / "scripts" / "run.py", "--config", cfg, "--tokens", tokens,
+                           "--out", "{run}/weights.pth", "--checkpoint-dir", "{run}/checkpoints"],
+                          capture_output=True, text=True, env=ENV, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    found = json.loads((out / "crash.json").read_text())
+    assert found["checkpoints"] == [2, 4] and found["resumed"] == 12, found["counts"]
+    for model in ("process crash", "power loss"):
+        assert found["counts"][model]["exact"] > 0 and sum(found["counts"][model].values()) > 0, found["counts"]

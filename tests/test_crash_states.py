@@ -1,5 +1,5 @@
 """Power loss, not just SIGKILL: every state a crash may leave of three saves, each continued from
-(workflow/scripts/crash_states.py, mmkit.crashstates), and the checker shown able to fail."""
+(workflow/scripts/crash_states.py, certkit.crashstates), and the checker shown able to fail."""
 
 import csv
 from types import SimpleNamespace
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import run_script
 
-from mmkit.crashstates import Op, crash_states, forced
+from certkit.crashstates import Op, crash_states, forced
 
 
 def crash_check(tmp_path, *args) -> list[dict]:

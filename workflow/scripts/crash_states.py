@@ -5,7 +5,7 @@
                                                 # states it must (each save crashed until it has)
 
 The saves, of a tiny model (the protocol is what is checked, and it is the same at any size: only the
-number of writes grows), each recorded by mmkit.crashstates and then crashed after every operation:
+number of writes grows), each recorded by certkit.crashstates and then crashed after every operation:
   file        resume.pth re-saved onto its own name (store.save), continued with --resume
   dcp_resave  resume.dcp re-saved onto its own name: the directory swap, continued with --resume
   prune       a periodic checkpoint file committed and the older one pruned, then auto-resume
@@ -47,7 +47,7 @@ from mmkit import sharded, store
 from mmkit.atomic import write_text_atomic
 from mmkit.checkpoint_dir import CheckpointConfig, CheckpointDir
 from mmkit.config import RunConfig
-from mmkit.crashstates import MAX_CUTS, Recorder, coalesced, crash_states, merged, snapshot, write_tree
+from certkit.crashstates import MAX_CUTS, Recorder, coalesced, crash_states, merged, snapshot, write_tree
 from mmkit.data import Expected, StepPlan, TrainingData
 from mmkit.errors import UserError, run_cli
 from mmkit.model import ModelConfig

@@ -12,6 +12,8 @@
   cli.py         the `certify` command (python -m certkit)
   reports.py     the verdict for CI: JUnit XML (a testcase per rank), a Markdown step summary
   pytest_plugin.py  certify_resume: a project's own test, failing with the verdict's line
+  crashstates.py the file events of a save recorded; what a power loss may leave of them (also the lab's)
+  saves.py       certify --crash: the stopped run's saves recorded, every crash state rebuilt and resumed
 
 It knows nothing of the project around it (torch, numpy and the standard library only): the lab uses the
 tool, never the other way round.

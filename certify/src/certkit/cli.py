@@ -14,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-from certkit import processes, reports
+from certkit import processes, reports, saves
 from certkit.errors import Interrupted
 from certkit.runs import CannotJudge, certify, substitute
 from certkit.verdict import headline
@@ -77,6 +77,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--straight-from", type=Path, metavar="DIR", help="reuse the straight run of an earlier certify "
                    "of the same COMMAND (its --out DIR) instead of running it again: for several cuts of one command "
                    "(--lose, --again, --resume-command); refused if it ran another command or kept less state")
+    p.add_argument("--crash", action="store_true", help="a crash inside the save: the stopped run's file events "
+                   "under {run} recorded, every state a process crash or a power loss may leave of them rebuilt and "
+                   "resumed (ARGS with {step}: from each state's newest complete checkpoint; without: the command's "
+                   "auto-resume), each named exact, lost work, started over, hard fail or silent "
+                   "(crash.md, crash.json)")
+    p.add_argument("--max-points", type=int, default=64, metavar="N",
+                   help="--crash: resume at most N distinct crash states, spread evenly (default 64)")
+    p.add_argument("--failure-model", choices=["both", "process", "power"], default="both",
+                   help="--crash: process crash (a kill before each file event, the last write torn), power loss "
+                   "(what was not fsynced may be lost), or both (default)")
     p.add_argument("--junit", type=Path, metavar="FILE", help="JUnit XML for CI: this run's testsuite, a testcase "
                    "per rank failing with its first difference (added to FILE's other certify runs)")
     p.add_argument("--summary", type=Path, metavar="FILE", help="Markdown appended to FILE (GitHub: "
@@ -100,6 +110,15 @@ def judged(args, command: list) -> dict:
     except ValueError as e:
         raise CannotJudge(f"--resume {args.resume!r}: {e}") from None
     substitute([*command, *resume, *(args.resume_command or [])], Path("run"), args.stop_after)  # a bad {step:...}
+    if args.crash:
+        other = next((o for o, v in (("--lose", args.lose), ("--again", args.again), ("--repair", args.repair),
+                                     ("--control", args.control), ("--resume-command", args.resume_command),
+                                     ("--straight-from", args.straight_from)) if v), None)
+        if other:
+            raise CannotJudge(f"--crash resumes every crash state of the saves up to step K's: {other} does not apply")
+        models = {"both": saves.MODELS, "process": saves.MODELS[:1], "power": saves.MODELS[1:]}[args.failure_model]
+        return saves.certify_crash(command, args.resume, args.out, args.stop_after, args.timeout, args.max_points,
+                                   models)
     return certify(command, args.resume, args.out, args.stop_after, args.lose, args.timeout, args.repair,
                    args.control, args.again, args.resume_command, args.straight_from)
 
@@ -107,11 +126,14 @@ def judged(args, command: list) -> dict:
 def report(args, argv: list, found: dict | None, error: str | None = None) -> None:
     """--junit and --summary: the verdict FOUND, or ERROR where certify could not judge."""
     command = shlex.join(argv[argv.index("--") + 1:] if "--" in argv else [])
+    crash = args.crash and found is not None
     if args.junit:
-        reports.write_junit(args.junit, reports.suite(found, command, args.out, error))
+        reports.write_junit(args.junit, reports.crash_suite(found, command, args.out) if crash
+                            else reports.suite(found, command, args.out, error))
     if args.summary:
         rerun = shlex.join(["certify", *argv])
-        reports.append_summary(args.summary, reports.summary(found, command, args.out, rerun, error))
+        reports.append_summary(args.summary, saves.markdown(found, command) + f"\nRerun: `{rerun}`\n" if crash
+                               else reports.summary(found, command, args.out, rerun, error))
 
 
 def main(argv: list | None = None) -> int:
@@ -145,6 +167,12 @@ def main(argv: list | None = None) -> int:
         print(f"certify: {e.filename or 'a file'}: {e.strerror or e}", file=sys.stderr)
         return 2
     processes.ignore_stops()  # the verdict is written: it is the answer, whatever signal comes now
+    if args.crash:
+        said = ", ".join(f"{m}: " + ", ".join(f"{n} {o}" for o, n in c.items() if n)
+                         for m, c in found["counts"].items())
+        print(f"{'no' if found['exact'] else found['failing']} failing crash point{'s' * (found['failing'] != 1)} "
+              f"({said}) ({args.out / 'crash.md'})")
+        return 0 if found["exact"] else 1
     print(headline(found).replace("**", ""), f"({args.out / 'verdict.md'})")
     return 0 if found["exact"] else 1
 

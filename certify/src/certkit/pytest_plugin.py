@@ -22,7 +22,8 @@ import pytest
 
 def certify_resume(command, stop_after: int, resume: str = "", out=None, options=(), timeout: float = 3600) -> dict:
     """Run certify on COMMAND (a list, or a string split as a shell would) with its verdict in OUT (in a new
-    temporary folder if None); return the verdict (verdict.json) if exact, else raise AssertionError whose message is the verdict's line."""
+    temporary folder if None); return the verdict (verdict.json) if exact, else raise AssertionError whose
+    message is the verdict's line."""
     if isinstance(command, str):
         command = shlex.split(command)
     out = Path(tempfile.mkdtemp(prefix="certify-")) / "out" if out is None else Path(out)

@@ -35,6 +35,7 @@ model inside the batch, so they show as samples.
                        counts) emptied before the process's first update, as a checkpoint without it would
                        leave it. The repairs and the control are the only times the recorder changes what a
                        process computes (certify --repair, --control)
+  CERTIFY_SAVES        certify --crash: this folder gets every file event under CERTIFY_SAVES_ROOT (saves.py)
   CERTIFY_KEEP_FINAL   at a normal exit, the last stepped optimizer's parameters are kept (rank<R>.final.pt):
                        how far apart two runs' final weights are
 """
@@ -149,6 +150,14 @@ class Recorder:
             torch.amp.GradScaler._certify_scalers = weakref.WeakSet()
             torch.amp.GradScaler.__init__ = init
         self.scalers = torch.amp.GradScaler._certify_scalers
+        if os.environ.get("CERTIFY_SAVES"):  # certify --crash: the stopped run's file events
+            try:
+                from . import saves
+
+                saves.install(os.environ["CERTIFY_SAVES_ROOT"], os.environ["CERTIFY_SAVES"], lambda: self.step,
+                              self.note)
+            except Exception as e:  # noqa: BLE001  (the program runs on, its saves unrecorded)
+                self.note(f"the saves' file events ({type(e).__name__}: {e})")
         self.read_log = None
         if not os.environ.get("CERTIFY_NO_READS"):
             try:

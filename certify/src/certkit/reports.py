@@ -10,6 +10,7 @@ from pathlib import Path
 
 from . import outdir
 from .errors import CannotJudge
+from .saves import FAILING
 from .verdict import NAMES, headline
 
 
@@ -38,6 +39,27 @@ def suite(found: dict | None, command: str, out: Path, error: str | None = None)
             failures += 1
     element.set("tests", str(len(found["first_by_rank"]))), element.set("failures", str(failures))
     element.set("errors", "0")
+    return element
+
+
+def crash_suite(found: dict, command: str, out: Path) -> ET.Element:
+    """certify --crash's testsuite: a testcase per crash point and failure model, failing with its outcome
+    (hard fail, silent, lost work, started over) and what it says; one not resumed (--max-points) skipped."""
+    element = ET.Element("testsuite", name=f"certify --crash {out.name}: {command}")
+    failures = skipped = 0
+    for p in found["points"]:
+        model = p["model"].split(" (")[0].replace(" ", "_")
+        case = ET.SubElement(element, "testcase", classname=f"certify.crash.{model}",
+                             name=f"{p['model']}: after event {p['event']} ({p['what']})")
+        if p["outcome"] in FAILING:
+            detail = p.get("why") or f"resumed from step {p['resumed_from']}: {p['lost']} steps lost"
+            ET.SubElement(case, "failure", message=f"{p['outcome']}: {detail}", type=p["outcome"]).text = p["rebuild"]
+            failures += 1
+        elif p["outcome"] != "exact":
+            ET.SubElement(case, "skipped", message=p["outcome"])
+            skipped += 1
+    for name, n in (("tests", len(found["points"])), ("failures", failures), ("errors", 0), ("skipped", skipped)):
+        element.set(name, str(n))
     return element
 
 

@@ -365,10 +365,10 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
 
 
 def straight_and_stopped(runs: Runs, command: list, resume: str, lose: int, again: int, repair: bool,
-                         straight_from: Path | None = None) -> tuple:
+                         straight_from: Path | None = None, saves: dict | None = None) -> tuple:
     """The straight run (its RNG states after K kept, and with REPAIR its inputs after K; or STRAIGHT_FROM's,
-    reused), then the stopped run, killed before step K + 1 + LOSE with its checkpoint of K on disk:
-    (straight, stopped, killed)."""
+    reused), then the stopped run, killed before step K + 1 + LOSE with its checkpoint of K on disk (SAVES:
+    its settings to record its file events, certify --crash): (straight, stopped, killed)."""
     out, stop_after = runs.out, runs.stop_after
     kill_at = stop_after + 1 + lose
     keep = {"CERTIFY_KEEP_INPUTS": stop_after} if repair else {}  # the model's inputs after K: only for a repair
@@ -390,7 +390,7 @@ def straight_and_stopped(runs: Runs, command: list, resume: str, lose: int, agai
                    + (f" --again {again}" if again else ""))
         raise CannotJudge(f"{options}: the run makes {last} optimizer steps, so the kill before step "
                           f"{max(kill_at, again + 1)} would never come")
-    code, stopped, killed = runs.run("stopped", command, "resumed", CERTIFY_KILL_AT=kill_at)
+    code, stopped, killed = runs.run("stopped", command, "resumed", CERTIFY_KILL_AT=kill_at, **(saves or {}))
     if not killed:
         raise CannotJudge(f"the stopped run was not killed before step {kill_at}: it ended with exit {code}",
                           out / "stopped.log")

@@ -40,6 +40,7 @@ class Op:
     label: str = ""  # mark: what was committed
     committed: dict = field(default_factory=dict)  # mark: the committed tree {relative path: bytes}
     t: int = 0  # when it was made (monotonic ns): the ranks' recordings of one save merge in this order
+    step: int = 0  # the optimizer steps its process had done (certify --crash: which save it belongs to)
 
     @property
     def directory(self) -> str:
@@ -56,7 +57,11 @@ class _RecordedFile:
     def write(self, data):
         offset = self._f.tell()
         n = self._f.write(data)
-        self._recorder.add(Op("write", inode=self._inode, offset=offset, data=bytes(data)))
+        try:  # a text file's characters as the bytes its encoding writes
+            raw = data.encode(self._f.encoding, self._f.errors or "strict") if isinstance(data, str) else bytes(data)
+            self._recorder.add(Op("write", inode=self._inode, offset=offset, data=raw))
+        except Exception as e:  # noqa: BLE001
+            self._recorder.failed(e)
         return n
 
     def __getattr__(self, name):
@@ -90,6 +95,10 @@ class Recorder:
             return "" if rel == "." else rel  # the root itself, as os.path.dirname names it
         except (ValueError, TypeError):
             return None
+
+    def failed(self, error: Exception) -> None:
+        """An event that could not be recorded: raised (the lab's own saves; certify's recorder notes it)."""
+        raise error
 
     def add(self, op: Op) -> None:
         with self.lock:
@@ -251,7 +260,8 @@ def coalesced(ops: list[Op]) -> list[Op]:
         last = out[-1] if out else None
         if (op.kind == "write" and last is not None and last.kind == "write" and last.inode == op.inode
                 and last.offset + len(last.data) == op.offset):
-            out[-1] = Op("write", inode=op.inode, offset=last.offset, data=last.data + op.data, t=last.t)
+            out[-1] = Op("write", inode=op.inode, offset=last.offset, data=last.data + op.data, t=last.t,
+                         step=last.step)
         else:
             out.append(op)
     return out

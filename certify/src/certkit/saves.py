@@ -1,0 +1,346 @@
+"""certify --crash: a crash inside the save. The stopped run's processes record every file event under the
+run's folder as it happens (SaveRecorder: opens for writing, writes, fsyncs of files and folders, renames,
+unlinks, mkdirs, and each torch.save and safetensors save_file whole, whose writers bypass Python's open),
+each tagged with the optimizer steps done by then. Then every state a crash may leave is rebuilt and resumed
+as the user resumes, under two failure models:
+
+  process crash  the kill lands before each event; the event before it may be a write torn part-way. The
+                 page cache survives: every other write made before the kill is on disk.
+  power loss     crashstates' persistence model: data not fsynced may be lost or cut at a block boundary,
+                 a directory entry whose folder was not fsynced may be undone.
+
+States that leave the same bytes are resumed once. Each resume is classified against the straight run:
+
+  exact          it resumed from the newest complete checkpoint, and every step after matches;
+  lost work      it resumed from an older checkpoint than the newest complete one (how many steps);
+  started over   it began from step 0 although a save had finished before the crash, without a word;
+  hard fail      it exited non-zero (its last line): the job is down until a person cleans up;
+  silent         it resumed and differs: the first step, rank and piece.
+
+A checkpoint of step j is complete in a state when every file of its own that its save left (the bytes the
+fault-free run had when that save ended) is there with those bytes: a file every save rewrites (a `latest`
+pointer) names the newest checkpoint and is none's, unless a save has no other (one file, overwritten).
+Where the resume arguments name {step}, each state is resumed from
+its newest complete checkpoint (from scratch, without them, where none is): what a person picks after a
+look at the folder. Without {step} they are the command's own auto-resume, added as they are.
+"""
+
+import hashlib
+import json
+import os
+import shlex
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from . import crashstates, outdir, runs, verdict
+from .crashstates import BLOCK, Op, materialize
+from .errors import CannotJudge
+
+OUTCOMES = ("exact", "lost work", "started over", "hard fail", "silent")
+FAILING = OUTCOMES[1:]
+MODELS = ("process crash", "power loss")
+CUTS = 2  # a write cut at this many block boundaries under power loss (crashstates.variants): 0, half, all
+INODES = 10 ** 6  # each process numbers its files from pid * INODES: no two processes' numbers meet
+
+
+class SaveRecorder(crashstates.Recorder):
+    """The file events under ROOT of one process, each appended to FOLDER/saves.<pid>.jsonl (its data to
+    saves.<pid>.bin) as it happens, so a SIGKILL leaves them; STEP() gives the optimizer steps done. An error
+    while recording goes to NOTE and never into the program."""
+
+    def __init__(self, root, folder, step, note):
+        super().__init__(root, inode_base=os.getpid() * INODES)
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        name = Path(folder) / f"saves.{os.getpid()}"
+        self.log, self.blob = open(f"{name}.jsonl", "w"), open(f"{name}.bin", "wb")
+        self.step, self.note, self.written = step, note, 0
+
+    def add(self, op: Op) -> None:
+        try:
+            with self.lock:
+                op.t, op.step = time.monotonic_ns(), self.step()
+                self.blob.write(op.data)
+                self.blob.flush()
+                row = {k: v for k, v in vars(op).items() if k not in ("data", "committed")}
+                self.log.write(json.dumps({**row, "data": [self.written, len(op.data)]}) + "\n")
+                self.log.flush()
+                self.written += len(op.data)
+        except Exception as e:  # noqa: BLE001  (the program's save goes on, unrecorded)
+            self.note(f"the saves' file events ({type(e).__name__}: {e})")
+
+    def failed(self, error: Exception) -> None:
+        self.note(f"the saves' file events ({type(error).__name__}: {error})")
+
+    def wrap(self, module, name: str, position: int) -> None:
+        """MODULE.NAME, a writer whose file Python's open never sees (torch.save's zip writer, safetensors'),
+        recorded whole once it returns: the file made or emptied, then one write of all its bytes (a crash
+        inside it is that write torn). POSITION: where the file's path is among its arguments."""
+        real = getattr(module, name)
+
+        def save(*args, **kwargs):
+            path = args[position] if len(args) > position else kwargs.get("f", kwargs.get("filename"))
+            rel = self.rel(path) if isinstance(path, (str, os.PathLike)) else None
+            if rel is None or self.quiet:
+                return real(*args, **kwargs)
+            existed = rel in self.names
+            self.quiet += 1  # a writer that opens the file in Python (the legacy format) is not recorded twice
+            try:
+                result = real(*args, **kwargs)
+            finally:
+                self.quiet -= 1
+            try:
+                if existed:
+                    self.add(Op("trunc", inode=self.names[rel]))
+                else:
+                    self.names[rel] = inode = self.next_inode
+                    self.next_inode += 1
+                    self.add(Op("creat", path=rel, inode=inode))
+                self.add(Op("write", inode=self.names[rel], offset=0, data=Path(path).read_bytes()))
+            except Exception as e:  # noqa: BLE001
+                self.note(f"the saves' file events ({type(e).__name__}: {e})")
+            return result
+
+        save.__wrapped__ = real
+        setattr(module, name, save)
+
+
+def install(root: str, folder: str, step, note) -> SaveRecorder:
+    """A SaveRecorder started in this process, with torch.save and (if installed) safetensors' save_file."""
+    import importlib.util
+
+    import torch
+
+    recorder = SaveRecorder(root, folder, step, note).__enter__()
+    recorder.wrap(torch, "save", 1)
+    if importlib.util.find_spec("safetensors") is not None:
+        import safetensors.torch
+
+        recorder.wrap(safetensors.torch, "save_file", 1)
+    return recorder
+
+
+# --- what the stopped run did, and what a crash may leave of it ------------------------------------------------
+
+
+def read(folder: Path) -> list[Op]:
+    """The recorded events of every process, merged in the order they were made (a line the kill cut off is
+    no event)."""
+    recordings = []
+    for log in sorted(folder.glob("saves.*.jsonl")):
+        blob, ops = log.with_suffix(".bin").read_bytes(), []
+        for line in log.read_text().splitlines():
+            try:
+                row = json.loads(line)
+                start, size = row.pop("data")
+            except (ValueError, TypeError):
+                continue
+            if start + size <= len(blob):
+                ops.append(Op(**row, data=blob[start:start + size]))
+        recordings.append(ops)
+    return crashstates.merged({}, recordings)
+
+
+def key(tree: dict) -> str:
+    return hashlib.sha256(repr(sorted((p, None if v is None else hashlib.sha256(v).hexdigest())
+                                      for p, v in tree.items())).encode()).hexdigest()[:16]
+
+
+def torn(data: bytes) -> int:
+    """Where a kill inside a write cuts it: half way, at a block boundary where the write spans blocks."""
+    return len(data) // 2 // BLOCK * BLOCK or len(data) // 2
+
+
+def crash_points(ops: list[Op], models=MODELS):
+    """(event index k, model, tree) of each state of MODELS: under process crash, the first k events done
+    (and the k-th's write torn); under power loss, crashstates' variants after k events."""
+    for k in range(len(ops) + 1) if MODELS[0] in models else ():
+        if k and ops[k - 1].kind in ("fsync", "fsync_dir", "mark"):
+            continue  # what a process crash leaves after an fsync is what it left before it
+        yield k, MODELS[0], materialize({}, ops, lambda i, k=k: i < k)
+        if k and ops[k - 1].kind == "write" and 0 < torn(ops[k - 1].data) < len(ops[k - 1].data):
+            cut = torn(ops[k - 1].data)
+            yield k, MODELS[0] + " (torn)", materialize({}, ops, lambda i, k=k, c=cut: c if i == k - 1 else i < k)
+    if MODELS[1] in models:
+        for k, _, tree in crashstates.crash_states(SimpleNamespace(ops=ops, initial={}), max_cuts=CUTS):
+            yield k, MODELS[1], tree
+
+
+def saves(ops: list[Op]) -> dict:
+    """{step j: (index of its save's last event, {path: bytes} the save left)} for each step after which
+    the run wrote files that changed the folder."""
+    found, before = {}, {}
+    for j in sorted({op.step for op in ops if op.step > 0}):
+        last = max(i for i, op in enumerate(ops) if op.step == j)
+        tree = materialize({}, ops, lambda i, last=last: i <= last)
+        files = {p: v for p, v in tree.items() if v is not None and before.get(p) != v}
+        if files:
+            found[j] = (last, files)
+        before = tree
+    return found
+
+
+def newest_complete(tree: dict, checkpoints: dict) -> int:
+    """The newest step whose checkpoint TREE holds complete (0: none). A checkpoint is its save's own files:
+    a file every save rewrites (a `latest` pointer, Lightning's last.ckpt) says which checkpoint is newest,
+    it is not part of one, unless a save has no file of its own (one checkpoint file, overwritten)."""
+    paths = [p for _, files in checkpoints.values() for p in files]
+    shared = {p for p in paths if paths.count(p) > 1}
+
+    def holds(j, files):
+        own = {p: v for p, v in files.items() if p not in shared} or files
+        later = [f for s, (_, f) in checkpoints.items() if s > j]
+        return all(tree.get(p) == v or any(p in f and tree.get(p) == f[p] for f in later) for p, v in own.items())
+
+    return max((j for j, (_, files) in checkpoints.items() if holds(j, files)), default=0)
+
+
+def spread(items: list, most: int) -> list:
+    """MOST of ITEMS, evenly spaced from first to last (all of them when there are no more)."""
+    if most <= 0 or len(items) <= most:
+        return items
+    return [items[round(i * (len(items) - 1) / (most - 1))] for i in range(most)] if most > 1 else items[:1]
+
+
+# --- the crash matrix ----------------------------------------------------------------------------------------------
+
+
+def classify(code: int, rows: dict, start: int, newest: int, finished: int, found: dict | None, last: str) -> dict:
+    """The outcome of one resume: exit CODE, its ROWS (from step START's state), the state's NEWEST complete
+    checkpoint, the newest save FINISHED before the crash, FOUND its verdict (judge's dict)."""
+    if code != 0:
+        return {"outcome": "hard fail", "why": last}
+    if not rows:
+        return {"outcome": "silent", "why": "it exited 0 without an optimizer step"}
+    exact_from_there = found["first"] is None
+    if start == 0 and finished > 0:
+        return {"outcome": "started over", "lost": finished, "exact_from_there": exact_from_there}
+    if start < newest:
+        return {"outcome": "lost work", "lost": newest - start, "exact_from_there": exact_from_there}
+    if exact_from_there:
+        return {"outcome": "exact"}
+    first = found["first"]
+    return {"outcome": "silent", "first": first,
+            "why": f"first difference at step {first['step']}, rank {first['rank']}: {verdict.NAMES[first['piece']]}"}
+
+
+def crash_matrix(r: "runs.Runs", base: list, resume: str, straight: dict, stopped: dict, killed: dict,
+                 max_points: int, models=MODELS) -> dict:
+    """Every crash state of the stopped run's saves (at most MAX_POINTS distinct ones, spread evenly),
+    rebuilt and resumed with BASE (the command) and the resume arguments: {points, counts, ...}."""
+    out = r.out
+    ops = read(out / "saves")
+    checkpoints = saves(ops)
+    if not checkpoints:
+        raise CannotJudge("the stopped run wrote no file under {run} after an optimizer step: certify --crash "
+                          "records the saves a command makes in its run's own folder", out / "stopped.log")
+    points, trees = [], {}
+    for k, model, tree in crash_points(ops, models):
+        state = key(tree)
+        trees.setdefault(state, tree)
+        points.append({"event": k, "model": model, "state": state, "during": ops[k - 1].step if k else 0,
+                       "what": describe(ops[k - 1]) if k else "before any"})
+    tokens = shlex.split(resume)
+    explicit = any(runs.STEP.search(t) for t in tokens)
+    resumed = {}
+    (out / "crash").mkdir(exist_ok=True)
+    for n, state in enumerate(spread(list(trees), max_points)):
+        newest = newest_complete(trees[state], checkpoints)
+        template = base + (tokens if newest or not explicit else [])
+        crashstates.write_tree(trees[state], out / "runs" / f"crash-{n:03d}")
+        code, rows, _ = r.run(f"crash/{n:03d}", template, f"crash-{n:03d}", newest, CERTIFY_STEP_OFFSET=newest)
+        rows, start = r.aligned(rows, newest) if rows else (rows, newest)
+        found = verdict.judge(straight, stopped, rows, killed, max(newest, 1), resumed_from=start) if rows else None
+        rebuilt = out / "rebuilt" / state
+        resumed[state] = {"run": n, "newest_complete": newest, "resumed_from": start, "code": code, "rows": bool(rows),
+                          "found": found, "last_line": runs.last_line(out / "crash" / f"{n:03d}.log"),
+                          "rebuild": f"python -m certkit.saves {shlex.quote(str(out))} {state} {rebuilt} && "
+                                     + shlex.join(runs.substitute(template, rebuilt, newest))}
+    for p in points:
+        if p["state"] not in resumed:
+            p["outcome"] = "not resumed (--max-points)"
+            continue
+        s = resumed[p["state"]]
+        finished = max((j for j, (last, _) in checkpoints.items() if last < p["event"]), default=0)
+        p.update(newest_complete=s["newest_complete"], resumed_from=s["resumed_from"], run=s["run"],
+                 **classify(s["code"], s["rows"], s["resumed_from"], s["newest_complete"], finished, s["found"],
+                            s["last_line"]))
+        if p["outcome"] != "exact":
+            p["rebuild"] = s["rebuild"]
+    counts = {model: {o: sum(p["model"].startswith(model) and p["outcome"] == o for p in points) for o in OUTCOMES}
+              for model in models}
+    return {"points": points, "counts": counts, "checkpoints": sorted(checkpoints), "events": len(ops),
+            "states": len(trees), "resumed": len(resumed)}
+
+
+def describe(op: Op) -> str:
+    what = {"creat": f"create {op.path}", "write": f"write {len(op.data)} bytes", "trunc": "truncate",
+            "fsync": "fsync", "rename": f"rename {op.path} -> {op.dest}", "unlink": f"unlink {op.path}",
+            "mkdir": f"mkdir {op.path}", "rmdir": f"rmdir {op.path}", "fsync_dir": f"fsync dir {op.path or '.'}"}
+    return what.get(op.kind, op.kind)
+
+
+def certify_crash(command: list, resume: str, out: Path, stop_after: int, timeout: float = 3600,
+                  max_points: int = 64, models=MODELS) -> dict:
+    """certify --crash: the straight run, the stopped run with its saves recorded (killed before step
+    STOP_AFTER + 1), then the crash matrix; crash.json and crash.md written to OUT. Raises CannotJudge."""
+    runs.check_options(command, None, stop_after, 0, 0, False, False)
+    if max_points < 1:
+        raise CannotJudge(f"--max-points must be at least 1 (got {max_points})")
+    out = out.resolve()
+    runs.prepare(out)
+    r = runs.Runs(out, timeout, stop_after, command + shlex.split(resume))
+    straight, stopped, killed = runs.straight_and_stopped(
+        r, command, resume, 0, 0, False,
+        saves={"CERTIFY_SAVES": out / "saves", "CERTIFY_SAVES_ROOT": out / "runs" / "resumed"})
+    matrix = crash_matrix(r, command, resume, straight, stopped, killed, max_points, models)
+    failing = sum(matrix["counts"][m][o] for m in models for o in FAILING)
+    found = {"format": 1, "mode": "crash", "exact": failing == 0, "failing": failing, "command": command,
+             "resume": resume, "stop_after": stop_after, "not_recorded": r.notes(), **matrix}
+    outdir.publish(out, {"crash.json": json.dumps(found, indent=1) + "\n",
+                         "crash.md": markdown(found, shlex.join(command))})
+    return found
+
+
+def markdown(matrix: dict, command: str) -> str:
+    """crash.md: the counts per failure model, then every crash point that did not resume exactly."""
+    lines = [f"# certify --crash: `{command}`", "",
+             f"{matrix['events']} file events in the saves after steps {', '.join(map(str, matrix['checkpoints']))}; "
+             f"{matrix['states']} distinct states on disk, {matrix['resumed']} resumed.", "",
+             "| failure model | " + " | ".join(OUTCOMES) + " |", "|---|" + "---|" * len(OUTCOMES)]
+    for model, counts in matrix["counts"].items():
+        lines.append(f"| {model} | " + " | ".join(str(counts[o]) for o in OUTCOMES) + " |")
+    failing = [p for p in matrix["points"] if p.get("outcome") in FAILING]
+    if failing:
+        lines += ["", "| crash after event | in the save after step | model | outcome | detail | rebuild |",
+                  "|---|---|---|---|---|---|"]
+        for p in failing:
+            detail = p.get("why") or (f"{p['lost']} steps lost" + (", exact from there" if p.get("exact_from_there")
+                                                                    else ", and it differs from there"))
+            detail = detail if len(detail) <= 160 else detail[:157] + "..."
+            lines.append(f"| {p['event']}: {p['what']} | {p['during']} | {p['model']} | {p['outcome']} | "
+                         f"{detail.replace('|', '/')} | `{p['rebuild'].replace('|', '/')}` |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    """python -m certkit.saves OUT STATE DEST: the crash state STATE of certify --crash's OUT rebuilt in DEST
+    (a folder that must not exist), to resume by hand."""
+    import sys
+
+    out, state, dest = (argv or sys.argv[1:])[:3]
+    dest = Path(dest)
+    if dest.exists():
+        print(f"certify: {dest} exists: give a new folder", file=sys.stderr)
+        return 2
+    for _, _, tree in crash_points(read(Path(out) / "saves")):
+        if key(tree) == state:
+            crashstates.write_tree(tree, dest)
+            print(dest)
+            return 0
+    print(f"certify: no crash state {state} in {out}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

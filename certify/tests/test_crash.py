@@ -1,0 +1,87 @@
+"""certify --crash through its command line, in real processes, on saver.py: one small training script
+saving the ways people write saves, resuming by itself from what it finds. The expected outcomes come from
+reading saver.py, not from a run of certify:
+
+  replace  (no fsync) exact after any kill (the page cache survives it), but a power loss can leave
+           ckpt.pt renamed in with its data lost: a resume that raises. With its fsyncs (durable) the same
+           script passes both models: the contrast a kill-only tool cannot see.
+  overwrite a kill inside torch.save's write leaves the only checkpoint torn: the resume raises.
+  folders  a kill between model.pt and optim.pt leaves checkpoint-2/ without optim.pt, which the auto-resume
+           takes (it is the highest number): the resume raises, FileNotFoundError.
+  pointer  a kill after ckpt-4.pt is whole but before latest.txt names it resumes from ckpt-2.pt: 2 steps
+           lost, exact from there (and one after ckpt-2.pt, before latest.txt exists, starts from 0: 2 lost).
+
+Each test names the breakage it catches.
+"""
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+SAVER = Path(__file__).parent / "saver.py"
+
+
+def crash(tmp_path, save: str, stop_after: int, steps: int, model: str = "process", *options):
+    """certify --crash on saver.py (under process crashes only, unless MODEL says otherwise: each resume is a
+    process that imports torch, and the claims below but one are about kills)."""
+    out = tmp_path / save
+    proc = subprocess.run([sys.executable, "-m", "certkit", "--crash", "--failure-model", model, *options, "--out", out,
+                           "--stop-after", str(stop_after), "--", "python", SAVER, "--out", "{run}", "--save", save, "--steps", str(steps)],
+                          capture_output=True, text=True, timeout=900)
+    found = json.loads((out / "crash.json").read_text()) if (out / "crash.json").exists() else None
+    return proc, found
+
+
+def outcomes(found, model: str) -> dict:
+    """{outcome: count} of the points of MODEL (its torn variants included)."""
+    return {o: n for o, n in found["counts"][model].items() if n}
+
+
+def test_a_rename_without_fsync_survives_every_kill_but_not_a_power_loss(tmp_path):
+    """Catches: a power-loss model that keeps what was never fsynced (replace would pass), a process-crash
+    model that drops the page cache (replace would fail under it), and a failing point without the command
+    that rebuilds its state. (That a save with its fsyncs passes both models: run.py's test in tests/.)"""
+    proc, found = crash(tmp_path, "replace", 2, 4, "both")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert set(outcomes(found, "process crash")) == {"exact"}, found["counts"]
+    assert outcomes(found, "power loss").get("hard fail", 0) >= 1, found["counts"]
+    failing = [p for p in found["points"] if p["outcome"] == "hard fail"]
+    assert all(p["rebuild"].startswith(f"python -m certkit.saves {tmp_path / 'replace'} {p['state']} ") for p in failing)
+
+
+def test_a_torn_overwrite_of_the_only_checkpoint_is_a_hard_fail(tmp_path):
+    """Catches: a process-crash model without torn writes (every kill would look clean), and a resume that
+    raises counted as anything but a hard fail."""
+    proc, found = crash(tmp_path, "overwrite", 2, 4, "process", "--junit", tmp_path / "junit.xml")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    torn = [p for p in found["points"] if p["model"] == "process crash (torn)"]
+    assert torn and all(p["outcome"] == "hard fail" for p in torn), torn
+    # --junit: a testcase per crash point, the torn ones failing as hard fails (read with a JUnit layout reader)
+    suite = ET.parse(tmp_path / "junit.xml").getroot().find("testsuite")
+    failed = {c.get("name"): c.find("failure").get("message") for c in suite.findall("testcase")
+              if c.find("failure") is not None}
+    assert len(suite.findall("testcase")) == len(found["points"]) and int(suite.get("failures")) == len(failed)
+    assert all(failed[f"process crash (torn): after event {p['event']} ({p['what']})"].startswith("hard fail: ")
+               for p in torn), failed
+
+
+def test_an_auto_resume_that_takes_a_newer_incomplete_folder_is_a_hard_fail_naming_the_missing_file(tmp_path):
+    """Catches: completeness judged from a folder's existence, and a hard fail without its last line."""
+    proc, found = crash(tmp_path, "folders", 2, 4)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    killed = [p for p in found["points"] if p["model"] == "process crash" and p["outcome"] == "hard fail"]
+    assert killed and any("optim.pt" in p["why"] for p in killed), found["points"]
+
+
+def test_a_resume_from_an_older_checkpoint_than_the_newest_complete_one_is_lost_work_of_two_steps(tmp_path):
+    """Catches: a lost-work resume classified exact (it is exact from where it started), and the wrong
+    number of steps lost."""
+    proc, found = crash(tmp_path, "pointer", 4, 6)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    lost = [p for p in found["points"] if p["outcome"] == "lost work"]
+    # ckpt-2.pt whole before latest.txt exists: from step 0; ckpt-4.pt whole while latest.txt names ckpt-2.pt: from 2
+    assert lost and all(p["lost"] == p["newest_complete"] - p["resumed_from"] == 2 for p in lost), lost
+    assert any(p["model"] == "process crash" and (p["resumed_from"], p["newest_complete"]) == (2, 4)
+               and p["exact_from_there"] for p in lost), lost
