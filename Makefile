@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 RUN := PATH=$(abspath $(BIN)):$$PATH
 
-.PHONY: results audit test check test-stress mutants lint readme bench clean
+.PHONY: results audit test check test-stress mutants lint readme bench bench-crash clean
 
 $(BIN)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,10 @@ readme: results $(BIN)/.audit
 bench: $(BIN)/.test
 	$(BIN)/python bench/bench.py --out-csv bench/results.csv --out-md bench/results.md --out-targets bench/targets.md
 	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc-per-node 2 bench/async_save.py --out bench/async_save.md
+
+# certify --crash beside ckpt-chaos (installed for it alone, into .venv/ckpt-chaos) on the same commands
+bench-crash: $(BIN)/.test
+	$(RUN) python bench/crash_side_by_side.py
 
 clean:
 	rm -rf results .snakemake

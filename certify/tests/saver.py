@@ -98,6 +98,7 @@ if state is not None:
     opt.load_state_dict(state["optim"])
     data.set_state(state["data"])
     start = state["step"]
+print(f"resumed from step {start}", flush=True)  # what ckpt-chaos's --step-regex reads (bench/crash_side_by_side.py)
 for step in range(start + 1, args.steps + 1):
     x = torch.randn(16, 8, generator=data)
     loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
@@ -106,3 +107,4 @@ for step in range(start + 1, args.steps + 1):
     opt.step()
     if step % args.every == 0:
         save(step)
+torch.save(model.state_dict(), os.path.join(args.out, "final.pt"))  # the weights both tools compare

@@ -8,6 +8,9 @@ reading saver.py, not from a run of certify:
   overwrite a kill inside torch.save's write leaves the only checkpoint torn: the resume raises.
   folders  a kill between model.pt and optim.pt leaves checkpoint-2/ without optim.pt, which the auto-resume
            takes (it is the highest number): the resume raises, FileNotFoundError.
+  ddp_saver.py, 2 gloo ranks, Trainer's layout (rng_state_<rank>.pth per rank, a missing one only warned
+           about): a kill after rank 0's RNG file and before rank 1's resumes with rank 1's dropout stream
+           unrestored: silent, rank 1, RNG (torch).
   pointer  a kill after ckpt-4.pt is whole but before latest.txt names it resumes from ckpt-2.pt: 2 steps
            lost, exact from there (and one after ckpt-2.pt, before latest.txt exists, starts from 0: 2 lost).
 
@@ -23,12 +26,13 @@ from pathlib import Path
 SAVER = Path(__file__).parent / "saver.py"
 
 
-def crash(tmp_path, save: str, stop_after: int, steps: int, model: str = "process", *options):
+def crash(tmp_path, save: str, stop_after: int, steps: int, model: str = "process", *options, command=None):
     """certify --crash on saver.py (under process crashes only, unless MODEL says otherwise: each resume is a
     process that imports torch, and the claims below but one are about kills)."""
     out = tmp_path / save
+    command = command or ["python", SAVER, "--out", "{run}", "--save", save, "--steps", str(steps)]
     proc = subprocess.run([sys.executable, "-m", "certkit", "--crash", "--failure-model", model, *options, "--out", out,
-                           "--stop-after", str(stop_after), "--", "python", SAVER, "--out", "{run}", "--save", save, "--steps", str(steps)],
+                           "--stop-after", str(stop_after), "--", *command],
                           capture_output=True, text=True, timeout=900)
     found = json.loads((out / "crash.json").read_text()) if (out / "crash.json").exists() else None
     return proc, found
@@ -85,3 +89,14 @@ def test_a_resume_from_an_older_checkpoint_than_the_newest_complete_one_is_lost_
     assert lost and all(p["lost"] == p["newest_complete"] - p["resumed_from"] == 2 for p in lost), lost
     assert any(p["model"] == "process crash" and (p["resumed_from"], p["newest_complete"]) == (2, 4)
                and p["exact_from_there"] for p in lost), lost
+
+
+def test_two_ranks_where_rank_1_dies_before_its_rng_file_resume_silently_naming_rank_1_and_its_rng(tmp_path):
+    """Catches: one rank's file events lost or out of order (no state would lack rank 1's file alone), and a
+    silent resume reported without its first step, rank and piece."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    proc, found = crash(tmp_path, "ddp", 2, 4, command=[*torchrun, Path(__file__).parent / "ddp_saver.py", "--out",
+                                                        "{run}"])
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    silent = [p for p in found["points"] if p["outcome"] == "silent"]
+    assert any(p["why"] == "first difference at step 3, rank 1: RNG (torch)" for p in silent), silent

@@ -20,6 +20,7 @@ States that leave the same bytes are resumed once. Each resume is classified aga
 A checkpoint of step j is complete in a state when every file of its own that its save left (the bytes the
 fault-free run had when that save ended) is there with those bytes: a file every save rewrites (a `latest`
 pointer) names the newest checkpoint and is none's, unless a save has no other (one file, overwritten).
+With one save recorded, no file is rewritten: K should be the second checkpoint or later.
 Where the resume arguments name {step}, each state is resumed from
 its newest complete checkpoint (from scratch, without them, where none is): what a person picks after a
 look at the folder. Without {step} they are the command's own auto-resume, added as they are.
@@ -28,6 +29,7 @@ look at the folder. Without {step} they are the command's own auto-resume, added
 import hashlib
 import json
 import os
+import re
 import shlex
 import time
 from pathlib import Path
@@ -253,7 +255,7 @@ def crash_matrix(r: "runs.Runs", base: list, resume: str, straight: dict, stoppe
         found = verdict.judge(straight, stopped, rows, killed, max(newest, 1), resumed_from=start) if rows else None
         rebuilt = out / "rebuilt" / state
         resumed[state] = {"run": n, "newest_complete": newest, "resumed_from": start, "code": code, "rows": bool(rows),
-                          "found": found, "last_line": runs.last_line(out / "crash" / f"{n:03d}.log"),
+                          "found": found, "last_line": error_line(out / "crash" / f"{n:03d}.log"),
                           "rebuild": f"python -m certkit.saves {shlex.quote(str(out))} {state} {rebuilt} && "
                                      + shlex.join(runs.substitute(template, rebuilt, newest))}
     for p in points:
@@ -271,6 +273,18 @@ def crash_matrix(r: "runs.Runs", base: list, resume: str, straight: dict, stoppe
               for model in models}
     return {"points": points, "counts": counts, "checkpoints": sorted(checkpoints), "events": len(ops),
             "states": len(trees), "resumed": len(resumed)}
+
+
+def error_line(log: Path) -> str:
+    """The exception a failed resume raised (its last `SomethingError: ...` line: a launcher such as torchrun
+    ends its output with a banner of its own), else its last line."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    raised = [line.strip() for line in lines if re.match(r"\s*[\w.]*(Error|Exception)\b", line)
+              and "ChildFailedError" not in line]  # torchrun's own, after the rank's
+    return raised[-1] if raised else runs.last_line(log)
 
 
 def describe(op: Op) -> str:
