@@ -56,8 +56,9 @@ def test_a_rename_without_fsync_survives_every_kill_but_not_a_power_loss(tmp_pat
 
 
 def test_a_torn_overwrite_of_the_only_checkpoint_is_a_hard_fail(tmp_path):
-    """Catches: a process-crash model without torn writes (every kill would look clean), and a resume that
-    raises counted as anything but a hard fail."""
+    """Catches: a process-crash model without torn writes (every kill would look clean), a resume that
+    raises counted as anything but a hard fail, and a rerun into the same --out that keeps the earlier run's
+    recorded saves (their events merged in: states of a save that never happened)."""
     proc, found = crash(tmp_path, "overwrite", 2, 4, "process", "--junit", tmp_path / "junit.xml")
     assert proc.returncode == 1, proc.stderr[-3000:]
     torn = [p for p in found["points"] if p["model"] == "process crash (torn)"]
@@ -69,6 +70,10 @@ def test_a_torn_overwrite_of_the_only_checkpoint_is_a_hard_fail(tmp_path):
     assert len(suite.findall("testcase")) == len(found["points"]) and int(suite.get("failures")) == len(failed)
     assert all(failed[f"process crash (torn): after event {p['event']} ({p['what']})"].startswith("hard fail: ")
                for p in torn), failed
+    # again into the same --out (one point is enough: the events recorded are counted before any resume)
+    again, refound = crash(tmp_path, "overwrite", 2, 4, "process", "--max-points", "1")
+    assert refound is not None and again.returncode in (0, 1), again.stderr[-3000:]  # 0: the point it took is exact
+    assert refound["events"] == found["events"] and len(list((tmp_path / "overwrite" / "saves").glob("*.jsonl"))) == 1
 
 
 def test_an_auto_resume_that_takes_a_newer_incomplete_folder_is_a_hard_fail_naming_the_missing_file(tmp_path):

@@ -23,7 +23,7 @@ MANIFEST = ".certify.files"  # what certify and its runs wrote here: {path: [siz
 STRAIGHT = "straight.json"  # the straight run's command, settings and time (runs.Runs.reuse_straight)
 OWN = ("straight", STRAIGHT, "stopped", "resumed", "resumed.first", "repaired", "control", "runs", "straight.log",
        "stopped.log", "resumed.log", "resumed.first.log", "repaired.log", "control.log", "verdict.json",
-       "verdict.md", "parting.svg")
+       "verdict.md", "parting.svg", "saves", "crash", "crash.json", "crash.md")  # the last four: --crash
 _held_locks = {}  # OUT: its MARK, open and locked until the process ends
 
 
