@@ -14,7 +14,10 @@ reading saver.py, not from a run of certify:
   pointer  a kill after ckpt-4.pt is whole but before latest.txt names it resumes from ckpt-2.pt: 2 steps
            lost, exact from there (and one after ckpt-2.pt, before latest.txt exists, starts from 0: 2 lost).
 
-Each test names the breakage it catches.
+Each test names the breakage it catches. Each resumes about half its distinct states (--max-points, spread
+evenly over them in the order the save reaches them): the states a claim needs come in runs of two or more
+consecutive ones (a torn write and the clean cut beside it, every event between a checkpoint and the pointer
+naming it), so every other one keeps at least one of each run, at half the resumes.
 """
 
 import json
@@ -47,7 +50,7 @@ def test_a_rename_without_fsync_survives_every_kill_but_not_a_power_loss(tmp_pat
     """Catches: a power-loss model that keeps what was never fsynced (replace would pass), a process-crash
     model that drops the page cache (replace would fail under it), and a failing point without the command
     that rebuilds its state. (That a save with its fsyncs passes both models: run.py's test in tests/.)"""
-    proc, found = crash(tmp_path, "replace", 2, 4, "both")
+    proc, found = crash(tmp_path, "replace", 2, 4, "both", "--max-points", "7")  # of 13
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert set(outcomes(found, "process crash")) == {"exact"}, found["counts"]
     assert outcomes(found, "power loss").get("hard fail", 0) >= 1, found["counts"]
@@ -78,7 +81,7 @@ def test_a_torn_overwrite_of_the_only_checkpoint_is_a_hard_fail(tmp_path):
 
 def test_an_auto_resume_that_takes_a_newer_incomplete_folder_is_a_hard_fail_naming_the_missing_file(tmp_path):
     """Catches: completeness judged from a folder's existence, and a hard fail without its last line."""
-    proc, found = crash(tmp_path, "folders", 2, 4)
+    proc, found = crash(tmp_path, "folders", 2, 4, "process", "--max-points", "5")  # of 9
     assert proc.returncode == 1, proc.stderr[-3000:]
     killed = [p for p in found["points"] if p["model"] == "process crash" and p["outcome"] == "hard fail"]
     assert killed and any("optim.pt" in p["why"] for p in killed), found["points"]
@@ -87,7 +90,7 @@ def test_an_auto_resume_that_takes_a_newer_incomplete_folder_is_a_hard_fail_nami
 def test_a_resume_from_an_older_checkpoint_than_the_newest_complete_one_is_lost_work_of_two_steps(tmp_path):
     """Catches: a lost-work resume classified exact (it is exact from where it started), and the wrong
     number of steps lost."""
-    proc, found = crash(tmp_path, "pointer", 4, 6)
+    proc, found = crash(tmp_path, "pointer", 4, 6, "process", "--max-points", "9")  # of 18
     assert proc.returncode == 1, proc.stderr[-3000:]
     lost = [p for p in found["points"] if p["outcome"] == "lost work"]
     # ckpt-2.pt whole before latest.txt exists: from step 0; ckpt-4.pt whole while latest.txt names ckpt-2.pt: from 2
@@ -100,8 +103,8 @@ def test_two_ranks_where_rank_1_dies_before_its_rng_file_resume_silently_naming_
     """Catches: one rank's file events lost or out of order (no state would lack rank 1's file alone), and a
     silent resume reported without its first step, rank and piece."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    proc, found = crash(tmp_path, "ddp", 2, 4, command=[*torchrun, Path(__file__).parent / "ddp_saver.py", "--out",
-                                                        "{run}"])
+    command = [*torchrun, Path(__file__).parent / "ddp_saver.py", "--out", "{run}"]
+    proc, found = crash(tmp_path, "ddp", 2, 4, "process", "--max-points", "6", command=command)  # of 12
     assert proc.returncode == 1, proc.stderr[-3000:]
     silent = [p for p in found["points"] if p["outcome"] == "silent"]
     assert any(p["why"] == "first difference at step 3, rank 1: RNG (torch)" for p in silent), silent
