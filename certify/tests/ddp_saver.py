@@ -32,8 +32,10 @@ def save(step):
         os.makedirs(folder, exist_ok=True)
         torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step}, os.path.join(folder, "model.pt"))
     dist.barrier()
-    torch.save({"rng": torch.get_rng_state()}, os.path.join(folder, f"rng_state_{rank}.pth"))
-    dist.barrier()
+    for writer in range(dist.get_world_size()):  # one rank after the other, in rank order: the crash states
+        if writer == rank:  # between are the same in every run (Trainer's ranks write at once, in a race)
+            torch.save({"rng": torch.get_rng_state()}, os.path.join(folder, f"rng_state_{rank}.pth"))
+        dist.barrier()
 
 
 start = 0

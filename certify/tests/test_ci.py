@@ -102,7 +102,7 @@ def test_the_action_passes_every_input_to_the_command_line_and_splits_the_comman
     given = {**{k: v.get("default", "") for k, v in action["inputs"].items()},
              "command": "python 'my train.py' --out {run}",
              "stop-after": "3", "resume": "--resume {run}/x.pt", "repair": "true", "junit": "j.xml", "crash": "true",
-             "max-points": "7"}
+             "max-points": "7", "jobs": "3"}
     env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
            "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md")}
     for name, value in step["env"].items():  # ${{ inputs.X }}, as the runner fills it in
@@ -114,7 +114,7 @@ def test_the_action_passes_every_input_to_the_command_line_and_splits_the_comman
     assert argv[argv.index("--") + 1:] == ["python", "my train.py", "--out", "{run}"]
     assert (args.stop_after, args.resume, args.repair, args.control, str(args.junit), str(args.summary)) == \
         (3, "--resume {run}/x.pt", True, False, "j.xml", str(tmp_path / "summary.md"))
-    assert (args.crash, args.max_points, args.failure_model) == (True, 7, "both")
+    assert (args.crash, args.max_points, args.jobs, args.failure_model) == (True, 7, 3, "both")
 
 
 @pytest.fixture(scope="session")

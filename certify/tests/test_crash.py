@@ -8,9 +8,9 @@ reading saver.py, not from a run of certify:
   overwrite a kill inside torch.save's write leaves the only checkpoint torn: the resume raises.
   folders  a kill between model.pt and optim.pt leaves checkpoint-2/ without optim.pt, which the auto-resume
            takes (it is the highest number): the resume raises, FileNotFoundError.
-  ddp_saver.py, 2 gloo ranks, Trainer's layout (rng_state_<rank>.pth per rank, a missing one only warned
-           about): a kill after rank 0's RNG file and before rank 1's resumes with rank 1's dropout stream
-           unrestored: silent, rank 1, RNG (torch).
+  ddp_saver.py, 2 gloo ranks, Trainer's layout (rng_state_<rank>.pth per rank, here written in rank order;
+           a missing one only warned about): a kill after rank 0's RNG file and before rank 1's resumes with
+           rank 1's dropout stream unrestored: silent, rank 1, RNG (torch).
   pointer  a kill after ckpt-4.pt is whole but before latest.txt names it resumes from ckpt-2.pt: 2 steps
            lost, exact from there (and one after ckpt-2.pt, before latest.txt exists, starts from 0: 2 lost).
 
@@ -21,9 +21,11 @@ naming it), so every other one keeps at least one of each run, at half the resum
 """
 
 import json
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
 
 SAVER = Path(__file__).parent / "saver.py"
@@ -48,14 +50,27 @@ def outcomes(found, model: str) -> dict:
 
 def test_a_rename_without_fsync_survives_every_kill_but_not_a_power_loss(tmp_path):
     """Catches: a power-loss model that keeps what was never fsynced (replace would pass), a process-crash
-    model that drops the page cache (replace would fail under it), and a failing point without the command
-    that rebuilds its state. (That a save with its fsyncs passes both models: run.py's test in tests/.)"""
-    proc, found = crash(tmp_path, "replace", 2, 4, "both", "--max-points", "7")  # of 13
+    model that drops the page cache (replace would fail under it), a failing point without the command
+    that rebuilds its state, a crash.svg that leaves out a point or paints it another outcome's colour, and
+    --jobs 2 ending a run's processes when the one beside it ends (a kill is no exact resume), or not
+    running two at once. (That a save with its fsyncs passes both models: run.py's test in tests/.)"""
+    proc, found = crash(tmp_path, "replace", 2, 4, "both", "--max-points", "7", "--jobs", "2")  # of 13
     assert proc.returncode == 1, proc.stderr[-3000:]
+    said = [line.split(": ")[0] for line in proc.stderr.splitlines() if line.startswith("[certify] crash/")]
+    assert said.index("[certify] crash/001 run started") < said.index("[certify] crash/000 run ended"), said
     assert set(outcomes(found, "process crash")) == {"exact"}, found["counts"]
     assert outcomes(found, "power loss").get("hard fail", 0) >= 1, found["counts"]
     failing = [p for p in found["points"] if p["outcome"] == "hard fail"]
     assert all(p["rebuild"].startswith(f"python -m certkit.saves {tmp_path / 'replace'} {p['state']} ") for p in failing)
+    # crash.svg: every point once, in its outcome's colour as the picture's own legend gives it
+    svg = "{http://www.w3.org/2000/svg}"
+    picture = ET.parse(tmp_path / "replace" / "crash.svg").getroot()
+    keys = list(picture.find(svg + "g[@id='legend']"))
+    legend = {text.text: box.get("fill") for box, text in zip(keys[::2], keys[1::2])}
+    shapes = list(picture)
+    drawn = Counter((r.find(svg + "title").text, r.get("fill")) for r in shapes if r.find(svg + "title") is not None)
+    assert drawn == Counter((f"after event {p['event']} ({p['what']}), {p['model']}: {p['outcome']}",
+                             legend[p["outcome"]]) for p in found["points"]), drawn
 
 
 def test_a_torn_overwrite_of_the_only_checkpoint_is_a_hard_fail(tmp_path):
@@ -100,11 +115,14 @@ def test_a_resume_from_an_older_checkpoint_than_the_newest_complete_one_is_lost_
 
 
 def test_two_ranks_where_rank_1_dies_before_its_rng_file_resume_silently_naming_rank_1_and_its_rng(tmp_path):
-    """Catches: one rank's file events lost or out of order (no state would lack rank 1's file alone), and a
-    silent resume reported without its first step, rank and piece."""
+    """Catches: one rank's file events lost or out of order (no state would lack rank 1's file alone), a
+    silent resume reported without its first step, rank and piece, and a hard fail under torchrun reported
+    by torchrun's closing banner instead of the error a rank raised."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     command = [*torchrun, Path(__file__).parent / "ddp_saver.py", "--out", "{run}"]
     proc, found = crash(tmp_path, "ddp", 2, 4, "process", "--max-points", "6", command=command)  # of 12
     assert proc.returncode == 1, proc.stderr[-3000:]
     silent = [p for p in found["points"] if p["outcome"] == "silent"]
     assert any(p["why"] == "first difference at step 3, rank 1: RNG (torch)" for p in silent), silent
+    failed = [p["why"] for p in found["points"] if p["outcome"] == "hard fail"]
+    assert failed and all(re.match(r"\[rank[01]\]: \w+Error: ", why) for why in failed), failed

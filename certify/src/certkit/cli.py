@@ -81,9 +81,12 @@ def parser() -> argparse.ArgumentParser:
                    "under {run} recorded, every state a process crash or a power loss may leave of them rebuilt and "
                    "resumed (ARGS with {step}: from each state's newest complete checkpoint; without: the command's "
                    "auto-resume), each named exact, lost work, started over, hard fail or silent "
-                   "(crash.md, crash.json)")
+                   "(crash.md, crash.svg, crash.json)")
     p.add_argument("--max-points", type=int, default=64, metavar="N",
                    help="--crash: resume at most N distinct crash states, spread evenly (default 64)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="--crash: resume N crash states at once, each in its own folder (default 1; the command "
+                        "must not claim a fixed port or a GPU for itself)")
     p.add_argument("--failure-model", choices=["both", "process", "power"], default="both",
                    help="--crash: process crash (a kill before each file event, the last write torn), power loss "
                    "(what was not fsynced may be lost), or both (default)")
@@ -118,7 +121,9 @@ def judged(args, command: list) -> dict:
             raise CannotJudge(f"--crash resumes every crash state of the saves up to step K's: {other} does not apply")
         models = {"both": saves.MODELS, "process": saves.MODELS[:1], "power": saves.MODELS[1:]}[args.failure_model]
         return saves.certify_crash(command, args.resume, args.out, args.stop_after, args.timeout, args.max_points,
-                                   models)
+                                   models, args.jobs)
+    if args.jobs != 1:
+        raise CannotJudge("--jobs applies to --crash: a resume's runs are made one after another")
     return certify(command, args.resume, args.out, args.stop_after, args.lose, args.timeout, args.repair,
                    args.control, args.again, args.resume_command, args.straight_from)
 

@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import stat
+import threading
 from pathlib import Path
 
 from . import processes
@@ -23,8 +24,9 @@ MANIFEST = ".certify.files"  # what certify and its runs wrote here: {path: [siz
 STRAIGHT = "straight.json"  # the straight run's command, settings and time (runs.Runs.reuse_straight)
 OWN = ("straight", STRAIGHT, "stopped", "resumed", "resumed.first", "repaired", "control", "runs", "straight.log",
        "stopped.log", "resumed.log", "resumed.first.log", "repaired.log", "control.log", "verdict.json",
-       "verdict.md", "parting.svg", "saves", "crash", "crash.json", "crash.md")  # the last four: --crash
+       "verdict.md", "parting.svg", "saves", "crash", "crash.json", "crash.md", "crash.svg")  # the last five: --crash
 _held_locks = {}  # OUT: its MARK, open and locked until the process ends
+_recording = threading.Lock()  # the runs of --jobs record their files from threads of their own
 
 
 def cannot(path, error: OSError, doing: str = "write") -> CannotJudge:
@@ -123,7 +125,8 @@ def manifest_text(listed: dict) -> str:
 
 def record(out: Path) -> None:
     """OUT's manifest brought up to date: every file and folder now under certify's own entries."""
-    write_atomic(out / MANIFEST, manifest_text(entries(out)))
+    with _recording:
+        write_atomic(out / MANIFEST, manifest_text(entries(out)))
 
 
 def stage(path: Path, text: str) -> Path:

@@ -13,6 +13,7 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 
 from .errors import Interrupted
@@ -20,6 +21,7 @@ from .errors import Interrupted
 PR_SET_CHILD_SUBREAPER = 36
 STOPS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 _stops = {"held": 0, "came": None}
+_counting = threading.Lock()  # held() is entered from the threads that run --jobs' resumes
 
 
 def become_subreaper() -> bool:
@@ -62,13 +64,24 @@ def descendants(root: int, spared=frozenset()) -> list:
     return found
 
 
-def end_descendants(spared=frozenset(), patience: float = 30.0) -> list:
-    """Every descendant of this process but SPARED SIGKILLed and reaped: looked for again until /proc shows
-    none (a killed parent's children come to certify as orphans); what is still there after PATIENCE
-    seconds (a process stuck in the kernel) is returned."""
+def owned_by(pid: int, marker: bytes) -> bool:
+    """Whether process PID's environment holds MARKER (NAME=VALUE), which every process a run starts
+    inherits: a daemon that left the run's session and process group is still known by it."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return marker in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def end_descendants(spared=frozenset(), patience: float = 30.0, owner: bytes | None = None) -> list:
+    """Every descendant of this process but SPARED (with OWNER: only those whose environment holds it, the
+    runs that go on beside one left alone) SIGKILLed and reaped: looked for again until /proc shows none (a
+    killed parent's children come to certify as orphans); what is still there after PATIENCE seconds (a
+    process stuck in the kernel) is returned."""
     me, deadline = os.getpid(), time.monotonic() + patience
     while True:
-        found = descendants(me, spared)
+        found = [pid for pid in descendants(me, spared) if owner is None or owned_by(pid, owner)]
         if not found or time.monotonic() > deadline:
             return found
         for pid in found:
@@ -103,11 +116,14 @@ def ignore_stops() -> None:
 def held():
     """A stop signal that comes inside takes effect at the end: a run's processes are ended and reaped
     whole, a verdict's files renamed together."""
-    _stops["held"] += 1
+    with _counting:
+        _stops["held"] += 1
     try:
         yield
     finally:
-        _stops["held"] -= 1
-        if not _stops["held"] and _stops["came"]:
-            signum, _stops["came"] = _stops["came"], None
+        with _counting:
+            _stops["held"] -= 1
+            signum = _stops["came"] if not _stops["held"] else None
+            _stops["came"] = None if signum else _stops["came"]
+        if signum:
             raise Interrupted(signum)

@@ -21,9 +21,10 @@ LONGEST_COMMAND = 160  # characters of the command shown as a run starts
 class Watch:
     """One run's progress, from its start to its end."""
 
-    def __init__(self, name: str, certificate: Path, argv: list, stream=None):
+    def __init__(self, name: str, certificate: Path, argv: list, stream=None, redraw: bool = True):
+        """REDRAW: on a terminal, one line redrawn in place (not while other runs write theirs: --jobs)."""
         self.stream = stream or sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.tty = redraw and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.every = 0.5 if self.tty else 2.0  # seconds between looks at the certificate
         self.name, self.rows, self.offset, self.first, self.last = name, certificate / "rank0.jsonl", 0, None, None
         self.began = self.said = time.monotonic()

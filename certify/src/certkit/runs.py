@@ -7,6 +7,7 @@ step K2 + 1 and resumed from K2's checkpoint, two resumes in a row). Then the ve
 stopped and the resumed run share), {step} is K, with a format spec if it has one ({step:04d}: 0004).
 """
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -81,12 +82,15 @@ class LogCopy:
         return None if self.error is None else outdir.cannot(self.log, self.error)
 
 
-def execute(name: str, argv: list, env: dict, out: Path, timeout: float) -> int:
+def execute(name: str, argv: list, env: dict, out: Path, timeout: float, beside: bool = False) -> int:
     """ARGV to its end, in a session of its own, its output copied to OUT/NAME.log; then everything it
     started is ended and reaped: its process group (DataLoader workers, ranks) and every other descendant
-    (a daemon that left the session comes to certify, its subreaper). What it wrote goes into OUT's manifest."""
+    (a daemon that left the session comes to certify, its subreaper). What it wrote goes into OUT's manifest.
+    BESIDE: other runs go on meanwhile (--jobs), so of the descendants only those whose environment holds
+    this run's CERTIFY_RECORD are its own (Runs.map ends any other when the last run is done)."""
     log, spared = out / f"{name}.log", set(processes.descendants(os.getpid()))  # not the run's: left alone
-    watch = progress.Watch(name, Path(env.get("CERTIFY_RECORD", out / name)), argv)
+    owner = f"CERTIFY_RECORD={env['CERTIFY_RECORD']}".encode() if beside and "CERTIFY_RECORD" in env else None
+    watch = progress.Watch(name, Path(env.get("CERTIFY_RECORD", out / name)), argv, redraw=not beside)
     proc = copy = code = None
     try:
         with processes.held():
@@ -100,7 +104,7 @@ def execute(name: str, argv: list, env: dict, out: Path, timeout: float) -> int:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-            processes.end_descendants(spared)
+            processes.end_descendants(spared, owner=owner)
             unwritten = copy and copy.finish()
             watch.ended(code)
             try:
@@ -208,6 +212,7 @@ class Runs:
                     "PYTHONPATH": os.pathsep.join([str(SITE), *filter(None, [os.environ.get("PYTHONPATH")])])}
         self.checkpoint_copy = out / "runs" / "repair-base"
         self.windows, self.straight, self.rows = {}, {}, {}  # rows: the repaired and control runs', aligned
+        self.beside = None  # while Runs.map runs several at once: the event that stops them
 
     def run(self, name: str, argv: list, folder: str, step: int | None = None, **settings) -> tuple:
         """(exit code, its certificate's rows, whether it was killed). The straight run's command, settings
@@ -216,7 +221,9 @@ class Runs:
         env = {**self.env, "CERTIFY_RECORD": str(self.out / name), **settings}
         template, argv = argv, substitute(argv, self.out / "runs" / folder, self.stop_after if step is None else step)
         began = time.time_ns()
-        code = execute(name, argv, env, self.out, self.timeout)
+        if self.beside is not None and self.beside.is_set():
+            raise CannotJudge(f"the {name} run was not started: another run beside it failed")
+        code = execute(name, argv, env, self.out, self.timeout, beside=self.beside is not None)
         self.windows[name] = (began, time.time_ns())
         if name == "straight":
             outdir.write_atomic(self.out / STRAIGHT, json.dumps(
@@ -258,6 +265,35 @@ class Runs:
             outdir.record(self.out)
         self.windows["straight"] = tuple(window)
         return code, *verdict.read(self.out / "straight")
+
+    def map(self, fn, items: list, jobs: int) -> list:
+        """[FN(*item) for item in ITEMS], JOBS of them at once, each FN making its runs (--jobs). The first
+        error (a CannotJudge, a signal to certify) stops the rest: those not started never start, those in
+        flight are ended; whatever a run started that is not known as its own is ended once all are done."""
+        if jobs <= 1 or len(items) <= 1:
+            return [fn(*item) for item in items]
+        spared, self.beside = set(processes.descendants(os.getpid())), threading.Event()
+        pool = concurrent.futures.ThreadPoolExecutor(jobs, thread_name_prefix="certify-run")
+        futures = [pool.submit(fn, *item) for item in items]
+        try:
+            done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+            for f in done:
+                f.result()  # the first error, raised here
+            return [f.result() for f in futures]
+        except BaseException:
+            self.beside.set()
+            for f in futures:
+                f.cancel()
+            with processes.held():
+                while not all(f.done() for f in futures):  # the runs in flight end as their processes do
+                    processes.end_descendants(spared, patience=1.0)
+                    time.sleep(0.05)
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            self.beside = None
+            with processes.held():
+                processes.end_descendants(spared)
 
     def refuse_shared(self, name: str) -> None:
         """CannotJudge where run NAME read a file the straight run wrote (modified while it ran): the runs share a

@@ -227,9 +227,9 @@ def classify(code: int, rows: dict, start: int, newest: int, finished: int, foun
 
 
 def crash_matrix(r: "runs.Runs", base: list, resume: str, straight: dict, stopped: dict, killed: dict,
-                 max_points: int, models=MODELS) -> dict:
-    """Every crash state of the stopped run's saves (at most MAX_POINTS distinct ones, spread evenly),
-    rebuilt and resumed with BASE (the command) and the resume arguments: {points, counts, ...}."""
+                 max_points: int, models=MODELS, jobs: int = 1) -> dict:
+    """Every crash state of the stopped run's saves (at most MAX_POINTS distinct ones, spread evenly, JOBS
+    resumed at once), rebuilt and resumed with BASE (the command) and the resume arguments: {points, counts, ...}."""
     out = r.out
     ops = read(out / "saves")
     checkpoints = saves(ops)
@@ -244,9 +244,9 @@ def crash_matrix(r: "runs.Runs", base: list, resume: str, straight: dict, stoppe
                        "what": describe(ops[k - 1]) if k else "before any"})
     tokens = shlex.split(resume)
     explicit = any(runs.STEP.search(t) for t in tokens)
-    resumed = {}
     (out / "crash").mkdir(exist_ok=True)
-    for n, state in enumerate(spread(list(trees), max_points)):
+
+    def resume_state(n: int, state: str) -> dict:
         newest = newest_complete(trees[state], checkpoints)
         template = base + (tokens if newest or not explicit else [])
         crashstates.write_tree(trees[state], out / "runs" / f"crash-{n:03d}")
@@ -254,10 +254,13 @@ def crash_matrix(r: "runs.Runs", base: list, resume: str, straight: dict, stoppe
         rows, start = r.aligned(rows, newest) if rows else (rows, newest)
         found = verdict.judge(straight, stopped, rows, killed, max(newest, 1), resumed_from=start) if rows else None
         rebuilt = out / "rebuilt" / state
-        resumed[state] = {"run": n, "newest_complete": newest, "resumed_from": start, "code": code, "rows": bool(rows),
-                          "found": found, "last_line": error_line(out / "crash" / f"{n:03d}.log"),
-                          "rebuild": f"python -m certkit.saves {shlex.quote(str(out))} {state} {rebuilt} && "
-                                     + shlex.join(runs.substitute(template, rebuilt, newest))}
+        return {"run": n, "newest_complete": newest, "resumed_from": start, "code": code, "rows": bool(rows),
+                "found": found, "last_line": error_line(out / "crash" / f"{n:03d}.log"),
+                "rebuild": f"python -m certkit.saves {shlex.quote(str(out))} {state} {rebuilt} && "
+                           + shlex.join(runs.substitute(template, rebuilt, newest))}
+
+    chosen = spread(list(trees), max_points)
+    resumed = dict(zip(chosen, r.map(resume_state, list(enumerate(chosen)), jobs)))
     for p in points:
         if p["state"] not in resumed:
             p["outcome"] = "not resumed (--max-points)"
@@ -276,13 +279,14 @@ def crash_matrix(r: "runs.Runs", base: list, resume: str, straight: dict, stoppe
 
 
 def error_line(log: Path) -> str:
-    """The exception a failed resume raised (its last `SomethingError: ...` line: a launcher such as torchrun
-    ends its output with a banner of its own), else its last line."""
+    """The exception a failed resume raised (its last `SomethingError: ...` line, with the `[rank1]: ` torchrun
+    puts before a rank's lines: a launcher such as torchrun ends its output with a banner of its own), else
+    its last line."""
     try:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
         lines = []
-    raised = [line.strip() for line in lines if re.match(r"\s*[\w.]*(Error|Exception)\b", line)
+    raised = [line.strip() for line in lines if re.match(r"\s*(\[rank\d+\]:\s*)?[\w.]*(Error|Exception)\b", line)
               and "ChildFailedError" not in line]  # torchrun's own, after the rank's
     return raised[-1] if raised else runs.last_line(log)
 
@@ -295,32 +299,90 @@ def describe(op: Op) -> str:
 
 
 def certify_crash(command: list, resume: str, out: Path, stop_after: int, timeout: float = 3600,
-                  max_points: int = 64, models=MODELS) -> dict:
+                  max_points: int = 64, models=MODELS, jobs: int = 1) -> dict:
     """certify --crash: the straight run, the stopped run with its saves recorded (killed before step
-    STOP_AFTER + 1), then the crash matrix; crash.json and crash.md written to OUT. Raises CannotJudge."""
+    STOP_AFTER + 1), then the crash matrix; crash.json, crash.md and crash.svg written to OUT. Raises CannotJudge."""
     runs.check_options(command, None, stop_after, 0, 0, False, False)
     if max_points < 1:
         raise CannotJudge(f"--max-points must be at least 1 (got {max_points})")
+    if jobs < 1:
+        raise CannotJudge(f"--jobs must be at least 1 (got {jobs})")
     out = out.resolve()
     runs.prepare(out)
     r = runs.Runs(out, timeout, stop_after, command + shlex.split(resume))
     straight, stopped, killed = runs.straight_and_stopped(
         r, command, resume, 0, 0, False,
         saves={"CERTIFY_SAVES": out / "saves", "CERTIFY_SAVES_ROOT": out / "runs" / "resumed"})
-    matrix = crash_matrix(r, command, resume, straight, stopped, killed, max_points, models)
+    matrix = crash_matrix(r, command, resume, straight, stopped, killed, max_points, models, jobs)
     failing = sum(matrix["counts"][m][o] for m in models for o in FAILING)
     found = {"format": 1, "mode": "crash", "exact": failing == 0, "failing": failing, "command": command,
              "resume": resume, "stop_after": stop_after, "not_recorded": r.notes(), **matrix}
     outdir.publish(out, {"crash.json": json.dumps(found, indent=1) + "\n",
-                         "crash.md": markdown(found, shlex.join(command))})
+                         "crash.md": markdown(found, shlex.join(command)), "crash.svg": picture(found)})
     return found
+
+
+# crash.svg's colour per outcome (its legend says which is which)
+COLOURS = {"exact": "#4caf50", "lost work": "#ffb300", "started over": "#fb8c00", "hard fail": "#e53935",
+           "silent": "#8e24aa", "not resumed (--max-points)": "#d0d0d0"}
+
+
+def picture(matrix: dict) -> str:
+    """crash.svg: crash point x failure model. A column per file event k (a crash after k events), grouped
+    under the save it belongs to; a row per failure model (torn writes their own); a cell split in slices
+    where a model leaves several states after the same event (power loss), each slice its point's outcome,
+    which its tooltip names."""
+    points, events = matrix["points"], matrix["events"]
+    rows = list(dict.fromkeys(p["model"] for p in points))
+    cell, left, top = 16, 170, 52
+    width, height = left + cell * (events + 1) + 10, top + cell * len(rows) + 30
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{max(width, 900)}" height="{height}" '
+           'font-family="sans-serif" font-size="11">',
+           f'<text x="4" y="14">certify --crash: a crash after each of {events} file events '
+           f'({matrix["resumed"]} of {matrix["states"]} distinct states resumed)</text>']
+    during, save = {p["event"]: p["during"] for p in points}, 0
+    for k in range(1, events + 1):  # the save each event belongs to, named above its first event
+        if during.get(k, save) != save:
+            save = during[k]
+            out.append(f'<text x="{left + k * cell}" y="{top - 18}">save after step {save}</text>'
+                       f'<line x1="{left + k * cell}" y1="{top - 14}" x2="{left + k * cell}" y2="{top - 2}" '
+                       'stroke="#666"/>')
+        if k % 5 == 0:
+            out.append(f'<text x="{left + k * cell + 2}" y="{top - 4}" font-size="9">{k}</text>')
+    for i, model in enumerate(rows):
+        y = top + i * cell
+        out.append(f'<text x="4" y="{y + 12}">{model}</text>')
+        for k in range(events + 1):
+            here = [p for p in points if p["model"] == model and p["event"] == k]
+            x = left + k * cell
+            if not here:
+                out.append(f'<rect x="{x}" y="{y}" width="{cell - 1}" height="{cell - 1}" fill="#ffffff" '
+                           'stroke="#ccc" stroke-width="0.5"/>')
+            for j, p in enumerate(here):
+                h = (cell - 1) / len(here)
+                out.append(f'<rect x="{x}" y="{y + j * h:.2f}" width="{cell - 1}" height="{h:.2f}" '
+                           f'fill="{COLOURS[p["outcome"]]}" stroke="#999" stroke-width="0.3">'
+                           f'<title>after event {k} ({escape(p["what"])}), {model}: {p["outcome"]}</title></rect>')
+    x, y = 4, top + cell * len(rows) + 18
+    out.append('<g id="legend">')
+    for outcome, colour in {**COLOURS, "no state of its own (as the event before, or no write to tear)": "#ffffff"}.items():
+        out.append(f'<rect x="{x}" y="{y - 9}" width="10" height="10" fill="{colour}" stroke="#ccc"/>'
+                   f'<text x="{x + 13}" y="{y}">{outcome}</text>')
+        x += 22 + 6 * len(outcome)
+    out.append("</g>\n</svg>")
+    return "\n".join(out) + "\n"
+
+
+def escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def markdown(matrix: dict, command: str) -> str:
     """crash.md: the counts per failure model, then every crash point that did not resume exactly."""
     lines = [f"# certify --crash: `{command}`", "",
              f"{matrix['events']} file events in the saves after steps {', '.join(map(str, matrix['checkpoints']))}; "
-             f"{matrix['states']} distinct states on disk, {matrix['resumed']} resumed.", "",
+             f"{matrix['states']} distinct states on disk, {matrix['resumed']} resumed. The matrix as a picture: "
+             "crash.svg.", "",
              "| failure model | " + " | ".join(OUTCOMES) + " |", "|---|" + "---|" * len(OUTCOMES)]
     for model, counts in matrix["counts"].items():
         lines.append(f"| {model} | " + " | ".join(str(counts[o]) for o in OUTCOMES) + " |")
