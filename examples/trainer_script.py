@@ -36,7 +36,8 @@ def masking_collator(items: list) -> dict:
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--output_dir", required=True)
-    p.add_argument("--resume_from_checkpoint")
+    p.add_argument("--resume_from_checkpoint", help="a checkpoint-<step> folder, or true: the newest in --output_dir "
+                   "(resume_from_checkpoint=True, Trainer's own auto-resume)")
     p.add_argument("--max_steps", type=int, default=12)
     p.add_argument("--save_steps", type=int, default=4)
     p.add_argument("--dropout", type=float, default=0.0)
@@ -61,7 +62,8 @@ def main():
                          attention_dropout=args.dropout)
     trainer = Trainer(model=LlamaForCausalLM(config), args=training, train_dataset=RandomTokens(),
                       data_collator=masking_collator if args.random_collator else None)
-    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    resume = args.resume_from_checkpoint
+    trainer.train(resume_from_checkpoint=True if resume == "true" else resume)
 
 
 if __name__ == "__main__":

@@ -126,3 +126,20 @@ def test_two_ranks_where_rank_1_dies_before_its_rng_file_resume_silently_naming_
     assert any(p["why"] == "first difference at step 3, rank 1: RNG (torch)" for p in silent), silent
     failed = [p["why"] for p in found["points"] if p["outcome"] == "hard fail"]
     assert failed and all(re.match(r"\[rank[01]\]: \w+Error: ", why) for why in failed), failed
+
+
+def test_max_points_are_shared_between_the_failure_models_and_spread_within_each():
+    """Catches: --max-points spread over every state at once, which gives a save of many files nearly all to
+    power loss (Trainer's checkpoint, 817 states: 1 of 16 resumed was a process crash's), and a model that
+    needs fewer than its share not passing the rest on. In-process: saves.sampled on made-up points."""
+    from certkit import saves
+
+    kills = [{"model": "process crash", "state": f"k{i}"} for i in range(40)]
+    torn = [{"model": "process crash (torn)", "state": f"t{i}"} for i in range(10)]
+    power = [{"model": "power loss", "state": f"p{i}"} for i in range(800)] + [{"model": "power loss", "state": "k0"}]
+    chosen = saves.sampled(kills + torn + power, 16)
+    assert len(set(chosen)) == len(chosen) == 16
+    assert sum(s[0] in "kt" for s in chosen) == 8  # process crash, torn writes included: half of them
+    assert {"k0", "t9", "p0", "p799"} <= set(chosen)  # evenly from first to last within each model
+    few = saves.sampled(kills[:3] + power, 16)
+    assert sorted(s for s in few if s[0] == "k") == ["k0", "k1", "k2"] and len(few) == 16

@@ -83,7 +83,8 @@ def parser() -> argparse.ArgumentParser:
                    "auto-resume), each named exact, lost work, started over, hard fail or silent "
                    "(crash.md, crash.svg, crash.json)")
     p.add_argument("--max-points", type=int, default=64, metavar="N",
-                   help="--crash: resume at most N distinct crash states, spread evenly (default 64)")
+                   help="--crash: resume at most N distinct crash states, shared between the failure models and "
+                        "spread evenly within each (default 64)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="--crash: resume N crash states at once, each in its own folder (default 1; the command "
                         "must not claim a fixed port or a GPU for itself)")

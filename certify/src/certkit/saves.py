@@ -204,6 +204,22 @@ def spread(items: list, most: int) -> list:
     return [items[round(i * (len(items) - 1) / (most - 1))] for i in range(most)] if most > 1 else items[:1]
 
 
+def sampled(points: list, most: int) -> list:
+    """MOST of the distinct states of POINTS, shared between the failure models (what one needs fewer of goes
+    to the other) and spread evenly within each, in the order the save reaches them. Spread over all states at
+    once, a save of many files would give power loss, which leaves hundreds of states, nearly all of them."""
+    groups = {}
+    for p in points:  # a state both models leave is its first model's
+        model = next(m for m in MODELS if p["model"].startswith(m))
+        if not any(p["state"] in g for g in groups.values()):
+            groups.setdefault(model, []).append(p["state"])
+    chosen, left = [], most
+    for i, states in enumerate(sorted(groups.values(), key=len)):
+        taken = spread(states, left // (len(groups) - i))
+        chosen, left = chosen + taken, left - len(taken)
+    return chosen
+
+
 # --- the crash matrix ----------------------------------------------------------------------------------------------
 
 
@@ -259,7 +275,7 @@ def crash_matrix(r: "runs.Runs", base: list, resume: str, straight: dict, stoppe
                 "rebuild": f"python -m certkit.saves {shlex.quote(str(out))} {state} {rebuilt} && "
                            + shlex.join(runs.substitute(template, rebuilt, newest))}
 
-    chosen = spread(list(trees), max_points)
+    chosen = sampled(points, max_points)
     resumed = dict(zip(chosen, r.map(resume_state, list(enumerate(chosen)), jobs)))
     for p in points:
         if p["state"] not in resumed:
