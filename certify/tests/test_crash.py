@@ -56,8 +56,10 @@ def test_a_rename_without_fsync_survives_every_kill_but_not_a_power_loss(tmp_pat
     running two at once. (That a save with its fsyncs passes both models: run.py's test in tests/.)"""
     proc, found = crash(tmp_path, "replace", 2, 4, "both", "--max-points", "7", "--jobs", "2")  # of 13
     assert proc.returncode == 1, proc.stderr[-3000:]
-    said = [line.split(": ")[0] for line in proc.stderr.splitlines() if line.startswith("[certify] crash/")]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("[certify] crash/")]
+    said = [line.split(": ")[0] for line in lines]
     assert said.index("[certify] crash/001 run started") < said.index("[certify] crash/000 run ended"), said
+    assert not [line for line in lines if "run ended: killed by" in line], lines  # saver.py ends by itself
     assert set(outcomes(found, "process crash")) == {"exact"}, found["counts"]
     assert outcomes(found, "power loss").get("hard fail", 0) >= 1, found["counts"]
     failing = [p for p in found["points"] if p["outcome"] == "hard fail"]
