@@ -8,7 +8,9 @@ resume arithmetic as in https://github.com/huggingface/accelerate/blob/main/exam
 with accelerator.accumulate: https://huggingface.co/docs/accelerate/usage_guides/gradient_accumulation.
 --use_stateful_dataloader: DataLoaderConfiguration(use_stateful_dataloader=True), torchdata's StatefulDataLoader,
 whose state save_state keeps and load_state restores, "instead of additionally calling skip_first_batches"
-(the checkpointing page, "Restoring the state of the DataLoader"). A tiny causal LM on random tokens (tiny_lm.py).
+(the checkpointing page, "Restoring the state of the DataLoader"). --resume_from_checkpoint latest resumes
+from the step_{k} folder with the highest k, the rule load_state() itself applies to the folders of
+automatic_checkpoint_naming (the number in the name, not a timestamp). A tiny causal LM on random tokens (tiny_lm.py).
 """
 
 import argparse
@@ -25,7 +27,8 @@ from tiny_lm import TinyLM, masking_collate, random_tokens, warmup_cosine
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--output_dir", required=True)
-    p.add_argument("--resume_from_checkpoint", help="a step_{k} folder of save_state")
+    p.add_argument("--resume_from_checkpoint", help="a step_{k} folder of save_state, or latest: the highest k in "
+                   "--output_dir (none there: a fresh start)")
     p.add_argument("--max_steps", type=int, default=12)
     p.add_argument("--checkpointing_steps", type=int, default=4)
     p.add_argument("--dropout", type=float, default=0.0)
@@ -54,6 +57,9 @@ def main():
     model, optimizer, loader, schedule = accelerator.prepare(model, optimizer, loader, schedule)
 
     step, starting_epoch, resume_step = 0, 0, None
+    if args.resume_from_checkpoint == "latest":
+        folders = sorted(Path(args.output_dir).glob("step_*"), key=lambda f: int(f.name.split("_")[1]))
+        args.resume_from_checkpoint = folders[-1] if folders else None
     if args.resume_from_checkpoint:
         accelerator.load_state(args.resume_from_checkpoint)
         step = int(Path(args.resume_from_checkpoint).name.split("_")[1])

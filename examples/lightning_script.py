@@ -6,7 +6,9 @@ trainer.fit(..., ckpt_path=...) (https://lightning.ai/docs/pytorch/stable/common
 seed_everything and deterministic=True (https://lightning.ai/docs/pytorch/stable/common/trainer.html#reproducibility).
 --stateful_loader trains on a loader with state_dict() / load_state_dict(), which the fit loop saves in the
 checkpoint and restores in the middle of an epoch: the fix Lightning's docs leave to the user for a plain
-shuffled DataLoader. --torchdata trains on torchdata's StatefulDataLoader instead, which has that protocol
+shuffled DataLoader. --save_last keeps last.ckpt beside them (ModelCheckpoint(save_last=True)), which
+--ckpt_path last resumes from: Lightning's own auto-resume (Trainer.fit's ckpt_path,
+https://lightning.ai/docs/pytorch/stable/common/trainer.html#fit). --torchdata trains on torchdata's StatefulDataLoader instead, which has that protocol
 (https://docs.pytorch.org/data/0.11/torchdata.stateful_dataloader.html). A tiny causal LM on random tokens
 (tiny_lm.py).
 """
@@ -73,7 +75,8 @@ class ResumableLoader(torch.utils.data.DataLoader):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="the folder of the checkpoints (step=K.ckpt)")
-    p.add_argument("--ckpt_path", help="a checkpoint to resume from")
+    p.add_argument("--ckpt_path", help="a checkpoint to resume from, or last: the newest last.ckpt (--save_last)")
+    p.add_argument("--save_last", action="store_true", help="also keep last.ckpt, a copy of the newest checkpoint")
     p.add_argument("--max_steps", type=int, default=12)
     p.add_argument("--every", type=int, default=4)
     p.add_argument("--dropout", type=float, default=0.0)
@@ -103,7 +106,7 @@ def main():
         loader = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True, num_workers=args.num_workers,
                                              collate_fn=collate)
     saver = L.pytorch.callbacks.ModelCheckpoint(args.out, filename="{step}", every_n_train_steps=args.every,
-                                                save_top_k=-1)
+                                                save_top_k=-1, save_last=args.save_last or None)
     trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
                         max_steps=args.max_steps, max_epochs=-1, deterministic=True,
                         accumulate_grad_batches=args.accumulate_grad_batches, precision=args.precision,

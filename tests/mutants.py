@@ -61,6 +61,7 @@ class Breakage:
 
 CONTENTS = T + "test_resume_contents.py::test_resume_file_with_bad_contents_is_refused_naming_the_entry"
 DIGEST = T + "test_resume_contents.py::test_an_edit_no_check_sees_is_refused_by_the_digest"
+MOVED_IN = T + "test_crash_states.py::test_a_file_moved_in_from_outside_the_root_is_recorded_as_made_there_and_renamed_in"
 ORDER = T + "test_durability.py::test_a_save_writes_flushes_fsyncs_the_file_renames_then_fsyncs_the_directory"
 CHAIN = T + "test_resume_points.py::test_a_chain_of_resumes_gives_the_straight_weights"
 PRE = T + "test_preemption.py::"
@@ -248,6 +249,15 @@ BREAKAGES = [
              "result.append(True)",
              (T + "test_crash_states.py::test_each_control_fails_every_committing_save_for_its_own_reason"
                   "[no-file-fsync-torn]",)),
+    Breakage("crash recorder: a file moved into the root from outside it not recorded (Lightning's saves)",
+             C + "crashstates.py", "Recorder._rename_as.rename", "if s is None and d is not None and not self.quiet:",
+             "if False:", (MOVED_IN,)),
+    Breakage("crash recorder: the name outside the root a moved-in file was made at shown in the states",
+             C + "crashstates.py", "materialize", "return {p: v for p, v in tree.items() if not p.startswith(OUTSIDE)}",
+             "return tree", (MOVED_IN,)),
+    Breakage("crash recorder: an fsync of a file outside the root forgotten when it is moved in",
+             C + "crashstates.py", "Recorder._fsync", "self.synced_outside.add((st.st_dev, st.st_ino))", "pass",
+             (MOVED_IN,)),
     Breakage("dcp: the swap moves the committed directory aside before the new one's entry is durable",
              M + "sharded.py", "_commit", "    fsync_path(path.parent)  # the new directory's own entry", "    pass  #",
              (T + "test_crash_states.py::test_every_crash_state_of_every_save_continues_from_a_committed_checkpoint"

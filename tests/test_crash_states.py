@@ -2,12 +2,14 @@
 (workflow/scripts/crash_states.py, certkit.crashstates), and the checker shown able to fail."""
 
 import csv
+import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from conftest import run_script
 
-from certkit.crashstates import Op, crash_states, forced
+from certkit.crashstates import Op, Recorder, crash_states, forced
 
 
 def crash_check(tmp_path, *args) -> list[dict]:
@@ -82,3 +84,44 @@ def test_the_persistence_model_loses_what_no_fsync_made_durable():
     assert {"a": b"old"} in trees  # before the directory's fsync the rename may still be undone
     final = [tree for k, _, tree in crash_states(SimpleNamespace(ops=synced, initial=initial)) if k == len(synced)]
     assert final == [{"a": b"new" * 2000}]  # after it (and the commit reported), one state only
+
+
+@pytest.mark.quick
+def test_a_file_moved_in_from_outside_the_root_is_recorded_as_made_there_and_renamed_in(tmp_path):
+    """fsspec's transaction (Lightning's checkpoints) writes a temp file outside the folder, then moves it in;
+    other savers move a whole temp folder in. Catches: the move not recorded (certify --crash then saw no
+    save of a Lightning run at all), the folder outside shown in a state, and an fsync made outside the root
+    forgotten (a synced file read as losable)."""
+    import os
+    import tempfile
+
+    root, outside = tmp_path / "run", Path(tempfile.mkdtemp(dir=tmp_path))
+    root.mkdir()
+    data = bytes(range(256)) * 40  # three blocks
+
+    def moved_in(name: str, fsync: bool) -> list[dict]:
+        with Recorder(root) as recorder:
+            with open(outside / name, "wb") as f:
+                f.write(data)
+                if fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(outside / name, root / name)
+        return [tree for _, _, tree in crash_states(recorder)]
+
+    trees = moved_in("last.ckpt", fsync=False)
+    assert {} in trees and {"last.ckpt": data} in trees
+    assert {"last.ckpt": b""} in trees  # renamed in, its unsynced data lost
+    assert all(set(t) <= {"last.ckpt"} for t in trees), trees  # never the temp name, never a folder outside
+    trees = moved_in("step=3.ckpt", fsync=True)
+    before = {"last.ckpt": data, "step=3.ckpt": data}
+    assert {"last.ckpt": data, "step=3.ckpt": data} in trees
+    assert not any(t.get("step=3.ckpt") not in (None, data) for t in trees)  # synced: whole or absent
+
+    (outside / "folder").mkdir()
+    (outside / "folder" / "model.pt").write_bytes(data)
+    with Recorder(root) as recorder:
+        shutil.move(outside / "folder", root / "checkpoint-6")
+    trees = [tree for _, _, tree in crash_states(recorder)]
+    assert {**before, "checkpoint-6": None, "checkpoint-6/model.pt": data} in trees
+    assert all(set(t) - set(before) <= {"checkpoint-6", "checkpoint-6/model.pt"} for t in trees), trees

@@ -11,7 +11,10 @@ operation, the trees a crash there may leave under a conservative persistence mo
   - every operation after the last one an fsync forces may persist or not, in any order: the states tried
     are all of them, none, each one left out, each one alone, and each write cut at each block boundary.
 
-Paths outside the recorded root go through untouched and unrecorded.
+Paths outside the recorded root go through untouched and unrecorded, but for one thing: a file or folder
+renamed into the root from outside it (fsspec's transactions write in the temp folder, then move the file
+in: Lightning's checkpoints) is recorded as made at a name outside the tree (OUTSIDE, which no state shows),
+written whole, fsynced if it was, then renamed to its name in the root.
 """
 
 import builtins
@@ -27,6 +30,7 @@ from pathlib import Path
 BLOCK = 4096
 MAX_CUTS = 400  # per write: a torn file at this many lengths
 DATA_OPS = ("write", "trunc")
+OUTSIDE = "../outside"  # where a file renamed into the root was made: no relative path under the root
 
 
 @dataclass
@@ -86,6 +90,7 @@ class Recorder:
         self.fds: dict[int, tuple] = {}  # fd -> ("file", inode) or ("dir", path)
         self.lock = threading.Lock()
         self.quiet = 0  # inside rmtree: its own unlinks are recorded already
+        self.synced_outside = set()  # (device, inode) of the files outside the root fsynced
 
     def rel(self, path) -> str | None:
         try:
@@ -162,11 +167,22 @@ class Recorder:
             self.add(Op("fsync_dir", path=what[1]))
         elif what:  # a file another rank made is known here by its name only (merged() finds its inode)
             self.add(Op("fsync", inode=what[1], path=what[2] if len(what) > 2 and what[1] < 0 else ""))
+        else:  # a file outside the root: durable if it is later renamed in (its inode goes with it)
+            try:
+                st = os.fstat(fd)
+                self.synced_outside.add((st.st_dev, st.st_ino))
+            except OSError:
+                pass
 
     def _rename_as(self, name):
         def rename(src, dst, *args, **kwargs):
             self.saved[name](src, dst, *args, **kwargs)
             s, d = self.rel(src), self.rel(dst)
+            if s is None and d is not None and not self.quiet:
+                try:
+                    s = self._made_outside(Path(os.fsdecode(dst)))
+                except Exception as e:  # noqa: BLE001  (recorded as far as it went)
+                    self.failed(e)
             if s is not None and d is not None and not self.quiet:
                 self.add(Op("rename", path=s, dest=d))
                 moved = {k: v for k, v in self.names.items() if k == s or k.startswith(s + "/")}
@@ -176,6 +192,25 @@ class Recorder:
                     del self.names[k]
                     self.names[d + k[len(s):]] = v
         return rename
+
+    def _made_outside(self, dst: Path) -> str:
+        """DST, just renamed into the root from outside it, recorded as made under OUTSIDE: each folder, each
+        file created and written whole (and fsynced, where it was before the rename). Its name there."""
+        made = f"{OUTSIDE}/{self.next_inode}"
+        self.next_inode += 1
+        for path in [dst, *sorted(dst.rglob("*"))] if dst.is_dir() else [dst]:
+            name = made + str(path)[len(str(dst)):]
+            if path.is_dir():
+                self.add(Op("mkdir", path=name))
+                continue
+            self.names[name] = inode = self.next_inode
+            self.next_inode += 1
+            self.add(Op("creat", path=name, inode=inode))
+            self.add(Op("write", inode=inode, offset=0, data=path.read_bytes()))
+            st = path.stat()
+            if (st.st_dev, st.st_ino) in self.synced_outside:
+                self.add(Op("fsync", inode=inode))
+        return made
 
     def _unlink(self, path, *args, **kwargs):
         self.saved["unlink"](path, *args, **kwargs)
@@ -340,7 +375,7 @@ def materialize(initial: dict, ops: list[Op], persisted) -> dict:
         parent = os.path.dirname(p)
         if parent == "" or parent in dirs:
             tree[p] = bytes(data.get(i, b""))
-    return tree
+    return {p: v for p, v in tree.items() if not p.startswith(OUTSIDE)}  # made outside: not in the tree
 
 
 def crash_states(recorder: Recorder, latest_first: bool = False, max_cuts: int = MAX_CUTS):
