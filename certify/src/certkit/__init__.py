@@ -8,7 +8,7 @@
   processes.py   every process a run starts ended and reaped with it (certify is their subreaper); signals
   outdir.py      the --out folder: its lock, the manifest of what certify wrote there, whole-or-nothing writes
   progress.py    what certify says on stderr while its runs go
-  errors.py      CannotJudge and Interrupted
+  errors.py      CannotJudge (and its kinds StraightFailed, ResumeFailed) and Interrupted
   cli.py         the `certify` command (python -m certkit)
   reports.py     the verdict for CI: JUnit XML (a testcase per rank), a Markdown step summary
   pytest_plugin.py  certify_resume: a project's own test, failing with the verdict's line

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from . import outdir, processes, progress, verdict
-from .errors import CannotJudge
+from .errors import CannotJudge, ResumeFailed, StraightFailed
 
 SITE = Path(__file__).parent / "site"
 STRAIGHT = outdir.STRAIGHT  # the straight run's command, settings and time, beside its certificate
@@ -182,6 +182,9 @@ def repaired(found: dict, straight: dict, run) -> dict:
     return {"restored": pieces, "exact": first is None, "first": first}
 
 
+CONTROL_PIECE = "optimizer"  # what the negative control empties, and where the certificate must see it
+
+
 def controlled(found: dict, straight: dict, run, unemptied: dict | None = None) -> dict:
     """{restored, first, caught} of the negative control, RUN(pieces) a resumed run with the repairs' PIECES put
     back and the optimizer state emptied before its first update: caught when its optimizer state differs from
@@ -196,7 +199,7 @@ def controlled(found: dict, straight: dict, run, unemptied: dict | None = None) 
     first = verdict.first_difference(straight, rows, range(step, found["last_step"] + 1), found["not_compared"])
 
     def emptied(certificate: dict) -> bool:
-        return any(certificate.get(r, {}).get(step, {}).get("optimizer") != straight[r][step]["optimizer"]
+        return any(certificate.get(r, {}).get(step, {}).get(CONTROL_PIECE) != straight[r][step][CONTROL_PIECE]
                    for r in certificate if step in straight.get(r, {}))
 
     caught = emptied(rows) and not (unemptied is not None and emptied(unemptied))
@@ -414,7 +417,7 @@ def straight_and_stopped(runs: Runs, command: list, resume: str, lose: int, agai
     else:
         code, straight, _ = runs.reuse_straight(straight_from, command, **keep)
     if code != 0:
-        raise CannotJudge(f"the straight run failed (exit {code}): {last_line(out / 'straight.log')}",
+        raise StraightFailed(f"the straight run failed (exit {code}): {last_line(out / 'straight.log')}",
                           out / "straight.log")
     runs.straight = straight
     if not straight:
@@ -447,18 +450,18 @@ def resumed_runs(runs: Runs, resume: str, again: int, lose: int = 0) -> tuple[di
         code, first_leg, killed_again = runs.run("resumed.first", resuming, "resumed",
                                                  CERTIFY_STEP_OFFSET=stop_after, CERTIFY_KILL_AT=again + 1)
         if not killed_again:
-            raise CannotJudge(f"resume failed: {last_line(out / 'resumed.first.log')}", out / "resumed.first.log")
+            raise ResumeFailed(f"resume failed: {last_line(out / 'resumed.first.log')}", out / "resumed.first.log")
         path = missing_checkpoint(shlex.split(resume), out / "runs" / "resumed", again)
         if path:
-            raise CannotJudge(f"resume failed: the first resumed run saved no checkpoint {path}",
+            raise ResumeFailed(f"resume failed: the first resumed run saved no checkpoint {path}",
                               out / "resumed.first.log")
         first_leg, start = runs.aligned(first_leg, stop_after)
     code, resumed, _ = runs.run("resumed", resuming, "resumed", again or stop_after,
                                 CERTIFY_STEP_OFFSET=again or stop_after, CERTIFY_KEEP_FINAL=1)
     if code != 0:
-        raise CannotJudge(f"resume failed: {last_line(out / 'resumed.log')}", out / "resumed.log")
+        raise ResumeFailed(f"resume failed: {last_line(out / 'resumed.log')}", out / "resumed.log")
     if not resumed:
-        raise CannotJudge("resume failed: the resumed run made no optimizer step", out / "resumed.log")
+        raise ResumeFailed("resume failed: the resumed run made no optimizer step", out / "resumed.log")
     resumed, second = runs.aligned(resumed, again or stop_after)
     start = second if start is None else start
     if start > stop_after + lose:
