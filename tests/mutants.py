@@ -42,6 +42,7 @@ from pathlib import Path
 from outcomes import OUTCOMES, RECORD, REPO, STOP, TEST_RECORD, tracked_files, tree_digest
 
 M = "workflow/scripts/mmkit/"
+AUDIT = "workflow/scripts/trainer_audit/"
 C = "certify/src/certkit/"  # certify's distribution: its copy comes first on PYTHONPATH (run_tests)
 T = "tests/"
 CI = "certify/tests/test_ci.py::"
@@ -61,6 +62,9 @@ class Breakage:
 
 CONTENTS = T + "test_resume_contents.py::test_resume_file_with_bad_contents_is_refused_naming_the_entry"
 DIGEST = T + "test_resume_contents.py::test_an_edit_no_check_sees_is_refused_by_the_digest"
+CRASH_CELL = T + "test_audit.py::test_a_crash_cell_resumes_through_the_frameworks_auto_resume_and_is_counted_apart"
+REFUSED = T + "test_audit.py::test_a_refused_resume_or_a_scenario_the_script_cannot_run_is_the_cells_result"
+AUDIT_API = T + "test_architecture.py::test_the_audit_declares_no_piece_of_certify_and_tells_failures_apart_by_type"
 MOVED_IN = T + "test_crash_states.py::test_a_file_moved_in_from_outside_the_root_is_recorded_as_made_there_and_renamed_in"
 ORDER = T + "test_durability.py::test_a_save_writes_flushes_fsyncs_the_file_renames_then_fsyncs_the_directory"
 CHAIN = T + "test_resume_points.py::test_a_chain_of_resumes_gives_the_straight_weights"
@@ -326,11 +330,30 @@ BREAKAGES = [
              "resumed_runs", 'runs.run("resumed", resuming, "resumed", again or stop_after,',
              'runs.run("resumed", resuming, "resumed", stop_after,',
              (T + "test_certify.py::test_a_plain_loop_that_forgets_its_generator_is_named_samples_at_the_first_resumed_step",)),
-    Breakage("audit releases: the first exact release taken for the fix, a later regression ignored", M + "audit.py",
+    Breakage("audit releases: the first exact release taken for the fix, a later regression ignored", AUDIT + "audit.py",
              "first_exact", 'while later > 0 and verdict(rows[later - 1]) == "exact":',
              'while later > 0 and any(verdict(r) == "exact" for r in rows[:later]):',
              (T + "test_audit.py::test_the_first_release_exact_is_the_oldest_after_which_every_release_is_exact",)),
-    Breakage("audit releases: versions ordered as text", M + "audit.py", "release_order",
+    Breakage("audit crash cell: resumed from the cut's checkpoint by name, not by the framework's auto-resume",
+             AUDIT + "audit.py", "command", "return (*auto_resume(framework, argv), None)", "return argv, resume, None",
+             (CRASH_CELL,)),
+    Breakage("audit crash cell: Lightning's ckpt_path='last' without save_last", AUDIT + "audit.py", "auto_resume",
+             '([*argv, "--save_last"], "--ckpt_path last")', '(argv, "--ckpt_path last")', (CRASH_CELL,)),
+    Breakage("audit crash cell: counted among the bit-exact cells", AUDIT + "audit.py", "summary_table",
+             'rows = [r for r in rows if not r.get("crash")]', "pass", (CRASH_CELL,)),
+    Breakage("audit: a failed resume's cell not called failed (its type lost on the way to the row)",
+             AUDIT + "audit.py", "verdict", 'return "failed" if row.get("failed") else "unknown"', 'return "unknown"',
+             (REFUSED,)),
+    Breakage("audit: a straight run that fails taken for the cell's result outside a release",
+             "workflow/scripts/audit_cell.py", "main", "        if not release:\n", "        if False:\n", (REFUSED,)),
+    Breakage("audit: certify's control piece declared again in the audit", AUDIT + "audit.py", "<module>",
+             "from certkit.runs import CONTROL_PIECE\n", 'CONTROL_PIECE = "optimizer"\n', (AUDIT_API,)),
+    Breakage("audit: a failure told apart by its message", "workflow/scripts/audit_cell.py", "main",
+             "    except CannotJudge as e:\n        raise UserError(f\"{args.framework} {args.scenario}: {e}\") from None\n    write_row",
+             '    except CannotJudge as e:\n        str(e).startswith("resume")\n'
+             '        raise UserError(f"{args.framework} {args.scenario}: {e}") from None\n    write_row',
+             (AUDIT_API,)),
+    Breakage("audit releases: versions ordered as text", AUDIT + "audit.py", "release_order",
              'return (Version(row["version"]), *(Version(v) for v in row["with"].split()[1::2]))',
              'return (row["version"], row["with"])',
              (T + "test_audit.py::test_the_first_release_exact_is_the_oldest_after_which_every_release_is_exact",)),

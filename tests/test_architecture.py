@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO, SCRIPTS
 
-PACKAGES = ("mmkit", "certkit")
-FOLDERS = {"mmkit": SCRIPTS / "mmkit", "certkit": REPO / "certify" / "src" / "certkit"}  # certkit: its own distribution
+PACKAGES = ("mmkit", "certkit", "trainer_audit")
+FOLDERS = {"mmkit": SCRIPTS / "mmkit", "certkit": REPO / "certify" / "src" / "certkit",  # certkit: its own distribution
+           "trainer_audit": SCRIPTS / "trainer_audit"}
 CHECKPOINT_CODE = ("atomic", "checkpoint", "sharded", "store", "resume", "fingerprint", "ablations",
                    "checkpoint_dir", "checkpointer", "preemption")
 
@@ -111,3 +112,24 @@ def test_run_py_stays_short_and_no_function_does_several_jobs():
     resume = next(n for n in ast.parse((SCRIPTS / "mmkit" / "store.py").read_text()).body
                   if isinstance(n, ast.FunctionDef) and n.name == "resume")
     assert len(resume.args.args) + len(resume.args.kwonlyargs) <= 4
+
+
+@pytest.mark.quick
+def test_the_audit_declares_no_piece_of_certify_and_tells_failures_apart_by_type():
+    """Catches: the audit keeping its own copy of certify's piece names (one such copy had lost rng_cuda), or
+    deciding what a failure was by reading its message (str(e).startswith("resume failed")): a message
+    reworded in certify would then turn a framework's failed resume into a stopped audit, or the reverse."""
+    from certkit.recorder import PIECES
+
+    pieces = set(PIECES) | {"missing"}
+    files = [*modules("trainer_audit").values(), *SCRIPTS.glob("audit_*.py")]
+    for path in files:
+        tree = ast.parse(path.read_text())
+        literals = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)}
+        assert not pieces & literals, f"{path.name} names certify's pieces {sorted(pieces & literals)} itself"
+        for handler in (n for n in ast.walk(tree) if isinstance(n, ast.ExceptHandler) and n.name):
+            read = [n for n in ast.walk(handler) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                    and n.func.attr in ("startswith", "endswith", "find", "index")
+                    and isinstance(n.func.value, ast.Call) and getattr(n.func.value.func, "id", "") == "str"
+                    and any(getattr(a, "id", "") == handler.name for a in n.func.value.args)]
+            assert not read, f"{path.name}:{read[0].lineno} tells a failure apart by its text"

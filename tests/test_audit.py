@@ -17,7 +17,7 @@ import torch
 import yaml
 from conftest import SCRIPTS, copy_workflow, snakemake
 
-from mmkit import audit
+from trainer_audit import audit
 from mmkit.errors import UserError
 
 FRAMEWORKS = ["own", "transformers", "accelerate", "lightning"]
@@ -255,25 +255,26 @@ def test_the_first_release_exact_is_the_oldest_after_which_every_release_is_exac
 def test_a_refused_resume_or_a_scenario_the_script_cannot_run_is_the_cells_result(monkeypatch, tmp_path):
     """Catches: a framework's failing resume that stops the whole audit, or a cell that then claims a verdict;
     any other failure (a straight run that fails) passed off as a cell's result; a scenario a script cannot run
-    that is run anyway or counted as a verdict."""
+    that is run anyway or counted as a verdict. The failures are told apart by their type (certkit.errors),
+    never by their text: a resume whose last line reads like another failure is still the cell's result."""
     sys.path.insert(0, str(SCRIPTS))
     import audit_cell
-    from certkit.runs import CannotJudge
+    from certkit.errors import ResumeFailed, StraightFailed
 
     def refused(*args, **kwargs):
-        raise CannotJudge(why)
+        raise kind(why)
 
     monkeypatch.setattr(audit_cell, "certify", refused)
     argv = ["audit_cell.py", "--framework", "accelerate", "--scenario", SCENARIO, "--script", "x.py",
             "--settings", "s.yaml", "--cell", str(tmp_path)]
     monkeypatch.setattr(sys, "argv", argv)
-    why = "resume failed: safetensors_rust.SafetensorError: Error while deserializing header"
+    kind, why = ResumeFailed, "resume failed: the straight run failed (exit 1), its own log says"
     audit_cell.main()
     cell = json.loads((tmp_path / "cell.json").read_text())
     assert cell["cause"] == why and audit.verdict(cell) == "failed" and cell["exact"] is False
-    why = "the straight run failed (exit 1): boom"
+    kind, why = StraightFailed, "resume failed: boom"  # the text of the other kind: the type decides
     (tmp_path / "cell.json").unlink()
-    with pytest.raises(UserError, match="straight run failed"):
+    with pytest.raises(UserError, match="boom"):
         audit_cell.main()
     assert not (tmp_path / "cell.json").exists()
     # a scenario the script has no way to run: the cell says so and runs nothing (certify would raise here)
@@ -329,3 +330,41 @@ def test_a_framework_that_is_not_installed_is_one_line_with_the_install_command(
     monkeypatch.setitem(audit.PACKAGES, "lightning", f"no-such-package-{random.randrange(10**6)}")
     with pytest.raises(UserError, match=r"needs the package no-such-package-\d+: pip install"):
         audit.require("lightning")
+
+
+@pytest.mark.quick
+def test_a_crash_cell_resumes_through_the_frameworks_auto_resume_and_is_counted_apart(monkeypatch, tmp_path):
+    """Catches: a crash cell that names the checkpoint to resume from (then no crash could make the framework
+    pick a wrong one), Lightning's auto-resume without the last.ckpt it reads, the counts of certify --crash
+    lost or shifted between outcomes in the summary, and a crash cell counted among the bit-exact ones."""
+    sys.path.insert(0, str(SCRIPTS))
+    import audit_cell
+    from certkit.saves import MODELS, OUTCOMES
+
+    calls = []
+    counts = {m: {o: 10 * i + j for j, o in enumerate(OUTCOMES)} for i, m in enumerate(MODELS)}
+
+    def crash(command, resume, out, stop_after, max_points):
+        calls.append((command, resume, stop_after))
+        return {"exact": False, "counts": counts, "events": 13, "states": 41, "resumed": 16}
+
+    monkeypatch.setattr(audit_cell, "certify_crash", crash)
+    for framework in ("transformers", "accelerate", "lightning"):
+        (tmp_path / framework).mkdir()
+        monkeypatch.setattr(sys, "argv", ["audit_cell.py", "--framework", framework, "--scenario", "crash", "--script",
+                                          "x.py", "--settings", "s.yaml", "--cell", str(tmp_path / framework)])
+        audit_cell.main()
+    for command, resume, stop_after in calls:
+        assert "{step}" not in resume and "{run}" not in resume and stop_after == audit.SCENARIOS["crash"].crash
+    assert [c[1] for c in calls] == ["--resume_from_checkpoint true", "--resume_from_checkpoint latest",
+                                     "--ckpt_path last"]
+    assert "--save_last" in calls[2][0] and "--save_last" not in calls[0][0]
+    cell = json.loads((tmp_path / "lightning" / "cell.json").read_text())
+    assert audit.verdict(cell) == "crash"
+    plain = {"framework": "lightning", "version": "2", "torch": "2", "scenario": SCENARIO, "exact": True,
+             "repair_exact": "", "cause": "", "first_step": "", "first_state": ""}
+    summary = audit.summary_table([plain, cell], [], {})
+    assert "1 of 1 cells bit-exact" in summary
+    # each model's counts in OUTCOMES' order: exact, lost work, started over, hard fail, silent
+    assert "| lightning | 1 | 13 | 41 (16) | 0 / 1 / 2 / 3 / 4 | 10 / 11 / 12 / 13 / 14 |" in summary
+    assert "**60 crash points fail**" in summary  # all but the exact ones: 1+2+3+4 + 11+12+13+14

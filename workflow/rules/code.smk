@@ -132,8 +132,8 @@ def own_inputs(w):
 
 
 def straight_source(w):
-    """The cell whose straight run this cell's certify reuses (mmkit.audit.straight_source), or None."""
-    from mmkit.audit import straight_source
+    """The cell whose straight run this cell's certify reuses (trainer_audit.audit.straight_source), or None."""
+    from trainer_audit.audit import straight_source
 
     return straight_source(w.framework, w.scenario, config["audit"]["scenarios"])
 
@@ -158,8 +158,8 @@ def certify_files(w):
 
 # The audit across releases (workflow/rules/audit.smk): each release environment by its name, with its
 # framework's package and its requirements
-from mmkit.audit import PACKAGES as AUDIT_ROWS, SCENARIOS as AUDIT_SCENARIOS
-from mmkit.audit import release_name, rows_of_package
+from trainer_audit.audit import PACKAGES as AUDIT_ROWS, SCENARIOS as AUDIT_SCENARIOS
+from trainer_audit.audit import release_name, rows_of_package
 
 RELEASE_ENVS = {
     release_name(requirements): (package, requirements)

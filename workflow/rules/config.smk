@@ -82,7 +82,7 @@ READS = {
         "seed",
         "threads",
         "model.vocab_size",
-    ],  # the audit's sizes are its own (mmkit/audit.py)
+    ],  # the audit's sizes are its own (trainer_audit/audit.py)
 }
 # entries of READS whose parallel section is laid over the config's: dist.smk adds its rank layouts
 LAYOUTS = {}

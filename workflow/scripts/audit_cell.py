@@ -1,6 +1,7 @@
 """One cell of the audit: certify on a framework's example script with the scenario's flags (straight, SIGKILLed
 after the cut's checkpoint, resumed through the framework's own resume), with repairs, and for the
-control scenario the negative control; the matrix row in cell.json.
+control scenario the negative control; in a crash scenario certify --crash, every crash state of the saves
+resumed through the framework's auto-resume; the matrix row in cell.json.
 
   audit_cell.py --framework F --scenario S --script examples/X.py --settings audit.yaml --cell DIR
                 [--own-preset presets/certify-own.yaml --jsonl train.jsonl --tokenizer tokenizer.json
@@ -15,8 +16,10 @@ from pathlib import Path
 
 import yaml
 
-from certkit.runs import CannotJudge, certify
-from mmkit import audit
+from certkit.errors import CannotJudge, ResumeFailed, StraightFailed
+from certkit.runs import certify
+from certkit.saves import certify_crash
+from trainer_audit import audit
 from mmkit.atomic import write_text_atomic
 from mmkit.errors import OneLineParser, UserError, run_cli
 
@@ -69,6 +72,13 @@ def main():
     own = own_files(args, cell) if args.framework == "own" else None
     python = release["python"] if release else sys.executable
     command, resume, resume_command = audit.command(args.framework, scenario, args.script, python, own)
+    if scenario.crash:
+        try:
+            found = certify_crash([str(t) for t in command], resume, cell / "certify", scenario.crash,
+                                  max_points=audit.CRASH_POINTS)
+        except CannotJudge as e:
+            raise UserError(f"{args.framework} {args.scenario}: {e}") from None
+        return write_row(cell, audit.crash_row(args.framework, args.scenario, found))
     try:
         found = certify([str(t) for t in command], resume, cell / "certify", scenario.cut, scenario.lose,
                         repair=not scenario.again, again=scenario.again,
@@ -78,14 +88,16 @@ def main():
         row = row_of(found)
         if "control" in found:
             row["control"] = audit.control_of(args.framework, found)
-    except CannotJudge as e:  # the framework's resume failing is the cell's result, not the DAG's failure
-        if str(e).startswith("resume failed"):
-            row = {**row_of(empty), "cause": str(e)}
-        elif release and str(e).startswith("the straight run failed"):  # an old release on this torch
-            row = {**row_of(empty), "cause": f"cannot run here: {e}"}
-        else:
-            raise UserError(f"{args.framework} {args.scenario}: {e}") from None
+    except ResumeFailed as e:  # the framework's resume failing is the cell's result, not the DAG's failure
+        row = {**row_of(empty), "cause": str(e), "failed": True}
         print(f"audit: {e}", file=sys.stderr)
+    except StraightFailed as e:
+        if not release:
+            raise UserError(f"{args.framework} {args.scenario}: {e}") from None
+        row = {**row_of(empty), "cause": f"cannot run here: {e}", "failed": True}  # an old release on this torch
+        print(f"audit: {e}", file=sys.stderr)
+    except CannotJudge as e:
+        raise UserError(f"{args.framework} {args.scenario}: {e}") from None
     write_row(cell, row)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from mmkit.atomic import write_csv_atomic, write_text_atomic
-from mmkit.audit import COLUMNS, fp16_as_trained, report_section, summary_table, verdict
+from trainer_audit.audit import COLUMNS, fp16_as_trained, report_section, summary_table, verdict
 from mmkit.errors import run_cli
 from mmkit.plots import plot_audit
 

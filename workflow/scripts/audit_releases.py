@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from mmkit.atomic import write_csv_atomic, write_text_atomic
-from mmkit.audit import RELEASE_COLUMNS, release_label, release_order, releases_table, verdict
+from trainer_audit.audit import RELEASE_COLUMNS, release_label, release_order, releases_table, verdict
 from mmkit.errors import run_cli
 from mmkit.plots import plot_releases
 

@@ -56,7 +56,7 @@ def plot_gaps(losses: dict[str, dict[int, float]], stop_at: int, path) -> None:
 
 
 AUDIT_COLOURS = {"exact": "#4caf50", "repaired": "#ffb300", "unknown": "#e53935", "failed": "#757575",
-                 "unsupported": "#ffffff"}
+                 "crash": "#8e24aa", "unsupported": "#ffffff"}
 
 
 def verdict_map(ax, grid: list[list[str]], rows: list, columns: list, text: list | None = None) -> None:

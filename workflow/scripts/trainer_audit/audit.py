@@ -8,7 +8,11 @@ and the matrix itself. The certificate, the kill, the repairs and the negative c
 import importlib.metadata
 from dataclasses import dataclass, replace
 
-from .errors import UserError
+from certkit.runs import CONTROL_PIECE
+from certkit.verdict import NAMES as PIECES
+from certkit.verdict import REPAIRED
+
+from mmkit.errors import UserError
 
 STEPS = 12  # optimizer steps of every run: an epoch is 8 batches of 4, so 1.5 epochs (6 with accumulation 4)
 BATCHES_PER_EPOCH = 8
@@ -30,6 +34,7 @@ class Scenario:
     random_collator: bool = False  # a collator that draws from the global RNG (masking, augmentation)
     stateful_loader: bool = False  # torchdata's StatefulDataLoader, where the framework takes one
     unsupported: tuple = ()  # (row, why) where the script has no way to do it: the cell says so
+    crash: int = 0  # certify --crash: every crash state of the saves up to this step's, auto-resumed
 
 
 NO_STATEFUL_LOADER = (  # the rows that take no torchdata StatefulDataLoader, and why
@@ -63,27 +68,17 @@ SCENARIOS = {
     "stateful_ddp2": Scenario(3, "the same on 2 ranks (accelerate #4195: the position restored, the shuffle "
                                  "order not)", ranks=2, stateful_loader=True, unsupported=NO_STATEFUL_LOADER),
 }
+CRASH = ("a crash inside the saves of steps 3 and 6 (certify --crash): every state a kill or a power loss "
+         "may leave, resumed through the framework's own auto-resume")
+SCENARIOS["crash"] = Scenario(3, CRASH, crash=6)
+SCENARIOS["crash_ddp2"] = Scenario(3, CRASH + ", on 2 ranks", ranks=2, crash=6)
+CRASH_POINTS = 16  # certify --max-points of a crash cell: the states resumed, half per failure model
 CONTROL_SCENARIO = "mid_epoch"  # the cell that also runs its framework's negative control
 
 # the rows, and the package each needs (None: this project's own run.py, nothing to install)
 PACKAGES = {"own": None, "transformers": "transformers", "accelerate": "accelerate", "lightning": "lightning",
             "lightning_stateful": "lightning"}
 
-# what a difference in each piece certify names first means (certkit.recorder.PIECES, in causal order)
-PIECES = {
-    "missing": "a step one run lacks",
-    "params_in": "the weights it resumed with",
-    "samples": "the data position (other model inputs)",
-    "rng_torch": "the torch RNG (dropout stream)",
-    "rng_numpy": "the numpy RNG",
-    "rng_python": "Python's random",
-    "gradients": "the gradients",
-    "scale": "the GradScaler's scale",
-    "lr": "the LR schedule",
-    "optimizer": "the optimizer state",
-    "params": "the weights",
-}
-REPAIRED = {"samples": PIECES["samples"], "rng": "the global RNG states"}
 
 
 def version(framework: str) -> str:
@@ -114,6 +109,8 @@ def command(framework: str, scenario: Scenario, script: str, python: str, own: d
     SCRIPT with SCENARIO as its own flags, under torchrun where it has several ranks (Lightning starts its own).
     OWN: run.py's files for the own row (config, resume_config, data), whose scenario is in its config."""
     argv, resume = one_command(framework, scenario, script, python, own)
+    if scenario.crash:
+        return (*auto_resume(framework, argv), None)
     if not scenario.resume_ranks:
         return argv, resume, None
     if framework == "own":  # run.py continues on another world size from a resume file, with --reshard
@@ -132,13 +129,25 @@ def straight_source(framework: str, scenario: str, scenarios: list) -> str | Non
     def straight(s: Scenario):
         return one_command(framework, s, "SCRIPT", "PYTHON")[0], s.cut
 
-    if framework == "own" or mine.unsupported and framework in dict(mine.unsupported):
+    if framework == "own" or mine.crash or mine.unsupported and framework in dict(mine.unsupported):
         return None
     for other in scenarios[:scenarios.index(scenario)] if scenario in scenarios else scenarios:
         s = SCENARIOS[other]
-        if not s.again and framework not in dict(s.unsupported) and straight(s) == straight(mine):
+        if not s.again and not s.crash and framework not in dict(s.unsupported) and straight(s) == straight(mine):
             return other
     return None
+
+
+def auto_resume(framework: str, argv: list) -> tuple:
+    """(ARGV, resume arguments) for a crash cell: FRAMEWORK's own documented auto-resume, which picks the
+    checkpoint itself. Trainer: resume_from_checkpoint=True, the newest checkpoint-N
+    (https://huggingface.co/docs/transformers/en/main_classes/trainer#transformers.Trainer.train); Accelerate:
+    the step_k folder with the highest k (load_state's rule for its automatic names); Lightning:
+    fit(ckpt_path="last") with ModelCheckpoint(save_last=True)
+    (https://lightning.ai/docs/pytorch/stable/common/trainer.html#fit); own: run.py's from its folder."""
+    return {"own": (argv, ""), "transformers": (argv, "--resume_from_checkpoint true"),
+            "accelerate": (argv, "--resume_from_checkpoint latest")}.get(
+        framework, ([*argv, "--save_last"], "--ckpt_path last"))
 
 
 def one_command(framework: str, scenario: Scenario, script: str, python: str, own: dict | None = None) -> tuple:
@@ -231,11 +240,25 @@ def row_of(framework: str, scenario: str, found: dict) -> dict:
             "repair_exact": False if repair.get("restored") else "", "repaired": repair.get("restored", [])}
 
 
+def crash_row(framework: str, scenario: str, found: dict) -> dict:
+    """The matrix row of a crash cell from certify --crash's FOUND (crash.json): exact when no state resumed
+    failed; the counts per failure model and outcome in "crash", and in the cause."""
+    import torch
+
+    counts = found["counts"]
+    said = "; ".join(f"{model}: " + ", ".join(f"{n} {o}" for o, n in c.items() if n) for model, c in counts.items())
+    return {"framework": framework, "version": version(framework), "torch": torch.__version__.split("+")[0],
+            "scenario": scenario, "exact": found["exact"], "max_abs_dw": "", "first_step": "", "first_state": "",
+            "first_rank": "", "cause": f"crash states resumed: {said}", "repair_exact": "", "repaired": [],
+            "deterministic": "", "crash": counts, "events": found["events"], "states": found["states"],
+            "resumed": found["resumed"]}
+
+
 def control_of(framework: str, found: dict) -> dict:
     """The negative control's row from the verdict of its framework's CONTROL_SCENARIO cell."""
     control = found["control"]
     # caught: the optimizer state differs at the step after the cut (certify's rule), whatever came before it
-    first = {"step": found["stop_after"] + 1, "piece": "optimizer"} if control["caught"] else control["first"] or {}
+    first = {"step": found["stop_after"] + 1, "piece": CONTROL_PIECE} if control["caught"] else control["first"] or {}
     return {"framework": framework, "version": version(framework), "scenario": CONTROL_SCENARIO,
             "control": "optimizer state emptied", "repairs": control["restored"], "cut": found["stop_after"],
             "first_step": first.get("step"), "first_state": first.get("piece"), "caught": control["caught"]}
@@ -255,15 +278,18 @@ def unsupported(row: dict) -> dict:
 
 def verdict(row: dict) -> str:
     """exact; repaired (the named piece restored by hand made it exact); failed (the resume did not run, or a
-    release could not run the script at all); unknown (no repair made it exact); unsupported (the script cannot
-    run the scenario, or a release cannot be installed beside this torch: skipped)."""
+    release could not run the script at all); unknown (no repair made it exact); crash (a crash cell with a
+    state whose resume was not exact); unsupported (the script cannot run the scenario, or a release cannot be
+    installed beside this torch: skipped)."""
     if row["cause"].startswith(("not supported", "skipped")):
         return "unsupported"
     if str(row["exact"]) == "True":
         return "exact"
+    if row.get("crash"):
+        return "crash"
     if str(row["repair_exact"]) == "True":
         return "repaired"
-    return "failed" if row["cause"].startswith(("resume failed", "cannot run here")) else "unknown"
+    return "failed" if row.get("failed") else "unknown"
 
 
 def fp16_as_trained(straight_weights: dict) -> dict:
@@ -302,6 +328,8 @@ def summary_table(rows: list, controls: list, fp16: dict) -> str:
             return f"**{where}**, not repaired"
         if r["cause"].startswith("resumed on"):  # another world size: no repair puts back what it changes
             return f"**{where}**, on fewer ranks"
+        if v == "crash":
+            return f"**{sum(sum(c[o] for o in c if o != 'exact') for c in r['crash'].values())} crash points fail**"
         return {"repaired": f"**{where}**, repaired", "unknown": f"**{where}**, cause unknown",
                 "failed": "resume failed", "unsupported": "not supported"}[v]
 
@@ -310,6 +338,8 @@ def summary_table(rows: list, controls: list, fp16: dict) -> str:
         version = by[f, scenarios[0]]["version"]
         label = f"{f} {version}" if version != "-" else f"{f} (this project)"
         lines.append(f"| {label} | " + " | ".join(cell(by[f, s]) for s in scenarios) + " |")
+    crashes = [r for r in rows if r.get("crash")]
+    rows = [r for r in rows if not r.get("crash")]
     exact = sum(verdict(r) == "exact" for r in rows)
     repaired = sum(verdict(r) == "repaired" for r in rows)
     judged = [r for r in rows if verdict(r) != "unsupported"]
@@ -325,10 +355,30 @@ def summary_table(rows: list, controls: list, fp16: dict) -> str:
     if fp16:
         lines.append("fp16 on CPU, as trained (its straight weights bit for bit those of the fp32 or bf16 run): "
                      + ", ".join(f"{f}: {how}" for f, how in fp16.items()) + ".")
+    if crashes:
+        lines += ["", crash_table(crashes)]
     causes = sorted({r["cause"] for r in rows if verdict(r) != "exact"})
     if causes:
         lines += ["", "Causes: " + "; ".join(causes) + "."]
     return "\n".join(lines) + "\n"
+
+
+def crash_table(rows: list) -> str:
+    """The crash cells' counts: for each framework and number of ranks, the crash points resumed per failure
+    model and outcome (certify --crash: a point is a file event and what a kill or power loss there left)."""
+    from certkit.saves import OUTCOMES
+
+    models = list(rows[0]["crash"])
+    lines = [f"Crash during the save (the {', '.join(dict.fromkeys(r['scenario'] for r in rows))} columns: "
+             f"certify --crash, at most {CRASH_POINTS} distinct states resumed a cell, through each framework's "
+             "own auto-resume), crash points by outcome, " + " / ".join(OUTCOMES) + ":", "",
+             "| framework | ranks | file events | distinct states (resumed) | "
+             + " | ".join(models) + " |", "|---" * (4 + len(models)) + "|"]
+    for r in rows:
+        lines.append(f"| {r['framework']} | {SCENARIOS[r['scenario']].ranks} | {r['events']} | {r['states']} "
+                     f"({r['resumed']}) | " + " | ".join(" / ".join(str(r["crash"][m][o]) for o in OUTCOMES)
+                                                       for m in models) + " |")
+    return "\n".join(lines)
 
 
 def report_section(rows: list, controls: list) -> str:
