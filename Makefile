@@ -63,14 +63,15 @@ readme: results $(BIN)/.audit
 		settings=results/settings.md dist=results/dist/summary.md bench=bench/targets.md \
 		parity=results/minimind-parity/summary.md audit=results/audit/summary.md crash=results/crash/states.md \
 		certify=results/certify/summary.md releases=results/audit/releases.md \
-		entries=results/resume_entries.md
+		entries=results/resume_entries.md crash_frameworks=bench/crash_frameworks.md
 
 # the benchmark (minutes; run it on a quiet machine): bench/results.md, results.csv, targets.md
 bench: $(BIN)/.test
 	$(BIN)/python bench/bench.py --out-csv bench/results.csv --out-md bench/results.md --out-targets bench/targets.md
 	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc-per-node 2 bench/async_save.py --out bench/async_save.md
 
-# certify --crash beside ckpt-chaos (installed for it alone, into .venv/ckpt-chaos) on the same commands
+# certify --crash beside ckpt-chaos (installed for it alone, into .venv/ckpt-chaos) on the same commands:
+# saver.py's save styles and the audit's crash cells' Trainer and Lightning commands
 bench-crash: $(BIN)/.test
 	$(RUN) python bench/crash_side_by_side.py
 

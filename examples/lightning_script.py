@@ -28,6 +28,9 @@ class TinyLightning(L.LightningModule):
         super().__init__()
         self.lm, self.steps, self.warmup = TinyLM(dropout), steps, warmup
 
+    def on_train_start(self):  # the step a resume starts from (a crash tester's --step-regex reads it)
+        self.print(f"training from step {self.global_step}")
+
     def training_step(self, batch, batch_idx):
         return self.lm(batch[0])
 
