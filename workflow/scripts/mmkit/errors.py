@@ -1,4 +1,5 @@
-"""The errors a user can fix: scripts print them as a single line and exit non-zero (2; 3 for NaN/Inf)."""
+"""The errors a user can fix: scripts print them as a single line and exit non-zero (2; 3 for NaN/Inf), and
+Preempted, not an error: a job stopped by its scheduler after checkpointing exits 75 (EX_TEMPFAIL)."""
 
 import argparse
 import os
