@@ -162,3 +162,16 @@ def test_the_audit_declares_no_piece_of_certify_and_tells_failures_apart_by_type
                     and isinstance(n.func.value, ast.Call) and getattr(n.func.value.func, "id", "") == "str"
                     and any(getattr(a, "id", "") == handler.name for a in n.func.value.args)]
             assert not read, f"{path.name}:{read[0].lineno} tells a failure apart by its text"
+
+
+@pytest.mark.quick
+def test_the_readmes_test_command_is_the_one_make_test_runs():
+    """Catches: the README showing a pytest command that differs from the Makefile's (one that fails as written,
+    as it did without PYTHONPATH=tests)."""
+    readme = re.search(r"make test .*runs: (.*)", (REPO / "README.md").read_text())[1]
+    recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", (REPO / "Makefile").read_text(), re.M)[1]
+    recipe = " ".join(line.strip().rstrip("\\") for line in recipe.splitlines()).replace("$(TEST_WORKERS)", "2")
+    pytest_part = "PYTHONPATH=tests python -m pytest"
+    assert pytest_part in recipe, "the Makefile's test recipe no longer runs python -m pytest with PYTHONPATH=tests"
+    assert readme.startswith("PATH=$PWD/.venv/bin:$PATH ")  # what $(RUN) puts first
+    assert " ".join(readme[readme.index(pytest_part):].split()) == " ".join(recipe[recipe.index(pytest_part):].split())
