@@ -80,7 +80,6 @@ PACKAGES = {"own": None, "transformers": "transformers", "accelerate": "accelera
             "lightning_stateful": "lightning"}
 
 
-
 def version(framework: str) -> str:
     package = PACKAGES[framework]
     return importlib.metadata.version(package) if package else "-"
@@ -207,15 +206,20 @@ def own_format(scenario: Scenario) -> str:
     return "minimind" if scenario.ranks == 1 else "windows"
 
 
+def blank_row(framework: str, scenario: str) -> dict:
+    """A matrix row of FRAMEWORK's SCENARIO cell with no verdict in it yet."""
+    import torch
+
+    return {"framework": framework, "version": version(framework), "torch": torch.__version__.split("+")[0],
+            "scenario": scenario, "exact": False, "max_abs_dw": "", "first_step": "", "first_state": "",
+            "first_rank": "", "cause": "", "repair_exact": "", "repaired": [], "deterministic": ""}
+
+
 def row_of(framework: str, scenario: str, found: dict) -> dict:
     """One row of the matrix from certify's verdict FOUND (certkit.runs.certify with repair): exact when every
     step of the certificates and the final parameters agree; otherwise the first step and piece, and what the
     repairs showed."""
-    import torch
-
-    row = {"framework": framework, "version": version(framework), "torch": torch.__version__.split("+")[0],
-           "scenario": scenario, "exact": False, "max_abs_dw": "", "first_step": "", "first_state": "",
-           "first_rank": "", "cause": "", "repair_exact": "", "repaired": [], "deterministic": found["deterministic"]}
+    row = {**blank_row(framework, scenario), "deterministic": found["deterministic"]}
     if found.get("max_abs_dw") is not None:
         row["max_abs_dw"] = f"{found['max_abs_dw']:.3g}"
     row["exact"] = found["exact"] and found.get("max_abs_dw") == 0.0
@@ -243,14 +247,10 @@ def row_of(framework: str, scenario: str, found: dict) -> dict:
 def crash_row(framework: str, scenario: str, found: dict) -> dict:
     """The matrix row of a crash cell from certify --crash's FOUND (crash.json): exact when no state resumed
     failed; the counts per failure model and outcome in "crash", and in the cause."""
-    import torch
-
     counts = found["counts"]
     said = "; ".join(f"{model}: " + ", ".join(f"{n} {o}" for o, n in c.items() if n) for model, c in counts.items())
-    return {"framework": framework, "version": version(framework), "torch": torch.__version__.split("+")[0],
-            "scenario": scenario, "exact": found["exact"], "max_abs_dw": "", "first_step": "", "first_state": "",
-            "first_rank": "", "cause": f"crash states resumed: {said}", "repair_exact": "", "repaired": [],
-            "deterministic": "", "crash": counts, "events": found["events"], "states": found["states"],
+    return {**blank_row(framework, scenario), "exact": found["exact"], "cause": f"crash states resumed: {said}",
+            "crash": counts, "events": found["events"], "states": found["states"],
             "resumed": found["resumed"]}
 
 
