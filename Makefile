@@ -33,7 +33,7 @@ TEST_WORKERS ?= 2
 # .test-record/: which tree ran, how each test ended, where its tiny pipeline is (make mutants reuses them)
 test: $(BIN)/.test
 	$(RUN) MMKIT_TEST_RECORD=$(abspath .test-record) MMKIT_MUTANTS_OUTCOMES=$(abspath .test-record)/outcomes.jsonl \
-		PYTHONPATH=tests python -m pytest -q -rs -p outcomes -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=12 --rootdir . tests certify/tests
+		PYTHONPATH=tests python -m pytest -q -rs -p outcomes -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=12 --rootdir . tests certify/tests
 
 # the quick tier, after every change: the in-process checks and the fastest real-process test of each command
 # line (tests marked quick; no tiny pipeline build). make test is still what says a change is done

@@ -45,11 +45,20 @@ CHECKPOINTED = {**TINY, "outdir": "results",
 NOT_COMPARED = ("logs/", "timing/", "checkpoints/", "settings/")
 
 
-# the tests that mostly wait (on SLURM's polling, on processes killed and restarted) go first, so that
-# under pytest-xdist (make test: -n 2 --dist loadfile --no-loadscope-reorder, which keeps this order
-# rather than the biggest files first) the other worker fills both cores meanwhile; the audit's build
-# (snakemake --cores 2) next, to take the core the SLURM test leaves idle
+# make test's schedule (-n 2 --dist loadgroup --no-loadscope-reorder, which keeps the order below): a file whose
+# tests share a costly fixture of its own (a build, a cluster, a venv: module or session scope) is one unit of
+# work that one worker runs; every other test is a unit of its own, handed to whichever worker is free, so that
+# both stay busy to the end. The files that mostly wait (on SLURM's polling, on processes killed and restarted)
+# go first, so that the other worker fills both cores meanwhile; the audit's build (snakemake --cores 2) next,
+# to take the core the SLURM test leaves idle; then the other shared files, then the tests on their own
 FIRST = ("test_slurm.py", "test_preemption.py", "test_audit.py")
+
+
+def shares_a_fixture(item) -> bool:
+    """Whether ITEM uses a module- or session-scoped fixture that its own file defines."""
+    own = getattr(item, "module", None)
+    return own is not None and any(d.scope in ("module", "session") and d.func.__module__ == own.__name__
+                                   for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs)
 
 
 def pytest_sessionstart(session):
@@ -95,11 +104,17 @@ def pytest_configure(config):
                                        "line); never on a test that needs the tiny pipeline's build")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the group into each test's id suffix
 def pytest_collection_modifyitems(items):
     slow = [item.nodeid for item in items if item.get_closest_marker("quick") and BUILDS & set(item.fixturenames)]
     if slow:
         raise pytest.UsageError(f"marked quick but waits on the tiny pipeline's build: {', '.join(slow)}")
-    items.sort(key=lambda item: next((i for i, f in enumerate(FIRST) if item.path.name == f), len(FIRST)))
+    shared = {item.path for item in items if shares_a_fixture(item)}
+    for item in items:
+        if item.path in shared:
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
+    items.sort(key=lambda item: next((i for i, f in enumerate(FIRST) if item.path.name == f),
+                                     len(FIRST) + (item.path not in shared)))
 
 
 @pytest.hookimpl(hookwrapper=True)
