@@ -4,6 +4,8 @@ Tests run the real scripts in real processes, as a user would; the tiny overlay 
 stop_at and every model dimension, so the bit-exact claim is checked off the default config too.
 """
 
+import ast
+import functools
 import os
 import shutil
 import subprocess
@@ -45,32 +47,46 @@ CHECKPOINTED = {**TINY, "outdir": "results",
 NOT_COMPARED = ("logs/", "timing/", "checkpoints/", "settings/")
 
 
-# make test's schedule (-n 2 --dist loadgroup --no-loadscope-reorder, which keeps the order below): a file whose
-# tests share a costly fixture of its own (a build, a cluster, a venv: module or session scope) is one unit of
-# work that one worker runs; every other test is a unit of its own, handed to whichever worker is free, so that
-# both stay busy to the end. The files that mostly wait (on SLURM's polling, on processes killed and restarted)
-# go first, so that the other worker fills both cores meanwhile; the audit's build (snakemake --cores 2) next,
-# to take the core the SLURM test leaves idle; then the other shared files, then the tests on their own
+# make test's schedule (-n 2 --dist loadgroup --no-loadscope-reorder, which keeps the order below): a file that
+# defines a fixture its tests share (module or session scope: a build, a cluster, a venv) is one unit of work
+# that one worker runs; every other test is a unit of its own, handed to whichever worker is free, so that both
+# stay busy to the end. The files that mostly wait (on SLURM's polling, on processes killed and restarted) go
+# first, so that the other worker fills both cores meanwhile; the audit's build (snakemake --cores 2) next, to
+# take the core the SLURM test leaves idle; then the other shared files, then the tests on their own.
+#
+# The units are made here, not by xdist_group marks: with pytest 9.2, xdist 3.8's loadgroup drops the marks
+# (its group rides on each test's id, which pytest no longer lets it change: pytest-xdist#1386), and the
+# controller that schedules collects nothing, so it reads which fixtures a file defines from its source
 FIRST = ("test_slurm.py", "test_preemption.py", "test_audit.py")
 
 
-def shares_a_fixture(item) -> bool:
-    """Whether ITEM uses a module- or session-scoped fixture that its own file defines."""
-    own = getattr(item, "module", None)
-    return own is not None and any(d.scope in ("module", "session") and d.func.__module__ == own.__name__
-                                   for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs)
+@functools.cache
+def shares_a_fixture(path: Path) -> bool:
+    """Whether the test file at PATH defines a fixture of module or session scope."""
+    def scope(decorator) -> str | None:
+        return next((k.value.value for k in getattr(decorator, "keywords", ())
+                     if k.arg == "scope" and isinstance(k.value, ast.Constant)), None)
+
+    return any(scope(d) in ("module", "session") for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.FunctionDef) for d in node.decorator_list)
 
 
-def pytest_sessionstart(session):
-    """make test (MMKIT_TEST_RECORD set) records which tree it runs, for make mutants (tests/mutants.py)."""
-    record = os.environ.get("MMKIT_TEST_RECORD")
-    if record and not os.environ.get("PYTEST_XDIST_WORKER"):
-        from outcomes import tree_digest
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
 
-        Path(record).mkdir(exist_ok=True)
-        for name in ("outcomes.jsonl", "pipeline", "pipeline.seconds"):
-            (Path(record) / name).unlink(missing_ok=True)
-        (Path(record) / "tree.sha256").write_text(tree_digest() + "\n")
+    class SharedFilesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::")[0]
+            return file if shares_a_fixture(config.rootpath / file) else nodeid
+
+    return SharedFilesTogether(config, log)
+
+
+def run_order(item) -> int:
+    first = next((i for i, f in enumerate(FIRST) if item.path.name == f), None)
+    return first if first is not None else len(FIRST) + (not shares_a_fixture(item.path))
 
 
 # the SLURM cluster a test run started (tests/test_slurm.py) is stopped when the run ends, by the process that
@@ -104,17 +120,11 @@ def pytest_configure(config):
                                        "line); never on a test that needs the tiny pipeline's build")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the group into each test's id suffix
 def pytest_collection_modifyitems(items):
     slow = [item.nodeid for item in items if item.get_closest_marker("quick") and BUILDS & set(item.fixturenames)]
     if slow:
         raise pytest.UsageError(f"marked quick but waits on the tiny pipeline's build: {', '.join(slow)}")
-    shared = {item.path for item in items if shares_a_fixture(item)}
-    for item in items:
-        if item.path in shared:
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
-    items.sort(key=lambda item: next((i for i, f in enumerate(FIRST) if item.path.name == f),
-                                     len(FIRST) + (item.path not in shared)))
+    items.sort(key=run_order)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -33,7 +33,7 @@ def pytest_runtest_makereport(item, call):
                  and issubclass(exc, (AssertionError, pytest.fail.Exception)))
     crash = getattr(report.longrepr, "reprcrash", None)
     message = crash.message if crash else str(report.longrepr or "")
-    record = {"test": test_id(report.nodeid), "when": report.when, "outcome": report.outcome,
+    record = {"test": report.nodeid, "when": report.when, "outcome": report.outcome,
               "exception": exc.__name__ if exc else None, "assertion": assertion,
               "at": f"{os.path.relpath(crash.path)}:{crash.lineno}" if crash else None,
               "message": (message.strip().splitlines() or [""])[0][:150]}
@@ -41,11 +41,6 @@ def pytest_runtest_makereport(item, call):
         f.write(json.dumps(record) + "\n")
     if assertion and os.environ.get(STOP):
         item.session.shouldstop = "the breakage is caught"
-
-
-def test_id(nodeid: str) -> str:
-    """NODEID without the "@group" pytest-xdist's --dist loadgroup appends (make test's ids are a plain run's)."""
-    return nodeid[:nodeid.rindex("@")] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
 
 
 def tracked_files() -> list:
