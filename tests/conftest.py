@@ -89,6 +89,18 @@ def run_order(item) -> int:
     return first if first is not None else len(FIRST) + (not shares_a_fixture(item.path))
 
 
+def pytest_sessionstart(session):
+    """make test (MMKIT_TEST_RECORD set) records which tree it runs, for make mutants (tests/mutants.py)."""
+    record = os.environ.get("MMKIT_TEST_RECORD")
+    if record and not os.environ.get("PYTEST_XDIST_WORKER"):
+        from outcomes import tree_digest
+
+        Path(record).mkdir(exist_ok=True)
+        for name in ("outcomes.jsonl", "pipeline", "pipeline.seconds"):
+            (Path(record) / name).unlink(missing_ok=True)
+        (Path(record) / "tree.sha256").write_text(tree_digest() + "\n")
+
+
 # the SLURM cluster a test run started (tests/test_slurm.py) is stopped when the run ends, by the process that
 # runs the session (xdist's controller, the parent of every worker), not by the worker whose tests used it
 _SESSION = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
