@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import REPO, SCRIPTS
 
 PACKAGES = ("mmkit", "certkit", "trainer_audit")
@@ -175,3 +176,26 @@ def test_the_readmes_test_command_is_the_one_make_test_runs():
     assert pytest_part in recipe, "the Makefile's test recipe no longer runs python -m pytest with PYTHONPATH=tests"
     assert readme.startswith("PATH=$PWD/.venv/bin:$PATH ")  # what $(RUN) puts first
     assert " ".join(readme[readme.index(pytest_part):].split()) == " ".join(recipe[recipe.index(pytest_part):].split())
+
+
+def test_each_ablation_is_spelled_once_and_the_pipeline_trains_each_as_its_job(tmp_path):
+    """Catches: an ablation's flag spelled again beside mmkit.ablations' table (a rule file's own copy, which
+    a renamed flag leaves behind), and an ablation the table declares that no training job runs, or runs
+    under another name or without --reshard where it needs it. (The job names stay in analysis.smk's
+    VARIANTS: the report's row order, and each new path's condition.)"""
+    from mmkit.ablations import ABLATIONS
+
+    rules = {f.name: f.read_text() for f in [REPO / "Snakefile", *(REPO / "workflow" / "rules").glob("*.smk")]}
+    for a in ABLATIONS.values():
+        spelled = [name for name, text in rules.items() if re.search(rf"{re.escape(a.flag)}\b", text)]
+        assert not spelled, f"{a.flag} spelled in {spelled}: take it from mmkit.ablations.ABLATIONS"
+    # the dry run's training jobs, every path on (the minimind format, dropout, fp16): each ablation's job runs
+    # run.py with its flag (and --reshard where it needs it)
+    (tmp_path / "paths.yaml").write_text(yaml.safe_dump({"precision": "fp16", "model": {"dropout": 0.1},
+                                                         "data": {"format": "minimind"}}))
+    proc = subprocess.run(["snakemake", "-n", "-p", "--cores", "1", "--forceall", "all", "dist", "--configfile",
+                           "config.yaml", tmp_path / "paths.yaml"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for a in ABLATIONS.values():
+        runs = [line for line in proc.stdout.splitlines() if "run.py" in line and f"/{a.job}." in line]
+        assert runs and all(f" {a.flag}" in line and (" --reshard" in line) == a.reshard for line in runs), (a, runs[:2])

@@ -36,11 +36,12 @@ DIST_RUNS = {
     "fsdp2": ("fsdp2", ""),
     "one_rank": ("one_rank", ""),
 }
-# continued on another number of ranks: (resume of, layout, flags)
+# continued on another number of ranks: (resume of, layout, flags); MiniMind's rescale is an ablation's
+RESCALE = ABLATIONS["minimind_rescale"]
 RESHARDS = {
     "reshard_2to1": ("ddp", "one_rank", "--reshard"),
     "reshard_1to2": ("one_rank", "ddp", "--reshard"),
-    "minimind_rescale": ("one_rank", "ddp", "--reshard --minimind-rescale"),
+    RESCALE.job: ("one_rank", "ddp", f"--reshard {RESCALE.flag}"),
     "fsdp2_to1": ("fsdp2", "one_rank", "--reshard"),
     "reshard_2to1_one_slice": ("ddp", "one_slice", "--reshard"),
 }

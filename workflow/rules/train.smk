@@ -3,6 +3,8 @@
 
 from typing import NamedTuple
 
+from mmkit.ablations import ABLATIONS
+
 RUN = SCRIPTS / "run.py"
 
 
@@ -29,21 +31,24 @@ TRAINING_JOBS = {
     "resume": TrainingJob(OUT, "resume", "resume", WORLD_SIZE, "--stop-at"),
     "resumed": TrainingJob(OUT, "resumed", "resumed", WORLD_SIZE, resume=RESUME),
 }
-# The ablations: resume with one piece of the resume file thrown away or damaged. replay, norng and
-# noscaler are the new paths' (minimind format, dropout > 0, fp16), built where their path is on
-# (analysis.smk: VARIANTS).
-for job, flag in {
-    "noopt": "--no-optim",
-    "noskip": "--no-skip",
-    "nosched": "--restart-schedule",
-    # its fingerprint says fp16 weights: resumed on purpose, not bit-exact
-    "halfresume": "--allow-mismatch",
-    "replay": "--replay",  # the epoch again from its first batch
-    "norng": "--no-rng",  # the dropout masks drawn again from the fresh run's RNG
-    "noscaler": "--no-scaler",  # a fresh GradScaler, its scale back at 65536
-}.items():
-    resume = f"{OUT}/resume_fp16.pth" if job == "halfresume" else RESUME
-    TRAINING_JOBS[job] = TrainingJob(OUT, job, "resumed", WORLD_SIZE, flag, resume)
+# The ablations (mmkit.ablations.ABLATIONS: each one's flag and job): resume with one piece of the resume file
+# thrown away or re-derived. replay, norng and noscaler are the new paths' (minimind format, dropout > 0,
+# fp16), built where their path is on (analysis.smk: VARIANTS); one for another world size is dist.smk's.
+# halfresume is no ablation of the resume's code but of its file: its fingerprint says fp16 weights, resumed
+# on purpose (--allow-mismatch), not bit-exact
+for ablation in ABLATIONS.values():
+    if not ablation.reshard:
+        TRAINING_JOBS[ablation.job] = TrainingJob(
+            OUT, ablation.job, "resumed", WORLD_SIZE, ablation.flag, RESUME
+        )
+TRAINING_JOBS["halfresume"] = TrainingJob(
+    OUT,
+    "halfresume",
+    "resumed",
+    WORLD_SIZE,
+    "--allow-mismatch",
+    f"{OUT}/resume_fp16.pth",
+)
 
 
 rule resume_fp16:

@@ -60,10 +60,19 @@ def rescaled(live, saved, expected) -> None:
 
 @dataclass(frozen=True)
 class Ablation:
+    """One ablation, declared once: its flag and its job keep the task text's spellings (--no-optim, noopt.pth);
+    the argparse dest follows from the flag (no_optim), by argparse's own rule."""
+
     flag: str
+    job: str  # the run the pipeline trains with it: its rule, its artifact's stem, its row in the report
     drops: tuple = ()  # entries thrown away: named, not checked, not put back
     help: str = ""
     restart: Callable | None = None  # (live, saved, expected): where the data continues instead
+    reshard: bool = False  # a rule for another world size: only with --reshard (dist.smk's job, not train.smk's)
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
 
     def apply(self, live, saved: dict, expected) -> None:
         """After the rest of the resume is put into LIVE: what this ablation does instead of its entries.
@@ -74,23 +83,23 @@ class Ablation:
 
 DATA_POSITION = ("gen_state", "data_position")  # the windows' generator and the position as a value
 
-ABLATIONS = {
-    "no_optim": Ablation("--no-optim", ("optimizer",), "start AdamW afresh on resume"),
-    "no_skip": Ablation("--no-skip", DATA_POSITION, "re-seed the batch generator on resume", from_the_start),
-    "restart_schedule": Ablation("--restart-schedule", help="count the LR schedule from 0 on resume"),
-    "replay": Ablation("--replay", DATA_POSITION, "(minimind format) replay the epoch from its first batch",
-                       from_the_epochs_start),
-    "no_rng": Ablation("--no-rng", ("rng_state",), "leave the global RNG (dropout) as a fresh run has it"),
-    "no_scaler": Ablation("--no-scaler", ("scaler",), "(fp16) start the GradScaler afresh"),
-    "minimind_rescale": Ablation("--minimind-rescale", DATA_POSITION,
-                                 "with --reshard: MiniMind's step * saved_ws // current_ws, data order re-derived",
-                                 rescaled),
-}
+ABLATIONS = {a.dest: a for a in (
+    Ablation("--no-optim", "noopt", ("optimizer",), "start AdamW afresh on resume"),
+    Ablation("--no-skip", "noskip", DATA_POSITION, "re-seed the batch generator on resume", from_the_start),
+    Ablation("--restart-schedule", "nosched", help="count the LR schedule from 0 on resume"),
+    Ablation("--replay", "replay", DATA_POSITION, "(minimind format) replay the epoch from its first batch",
+             from_the_epochs_start),
+    Ablation("--no-rng", "norng", ("rng_state",), "leave the global RNG (dropout) as a fresh run has it"),
+    Ablation("--no-scaler", "noscaler", ("scaler",), "(fp16) start the GradScaler afresh"),
+    Ablation("--minimind-rescale", "minimind_rescale", DATA_POSITION,
+             "with --reshard: MiniMind's step * saved_ws // current_ws, data order re-derived", rescaled,
+             reshard=True),
+)}
 
 
 def add_resume_flags(parser: ArgumentParser) -> None:
-    for name, ablation in ABLATIONS.items():  # each throws away or re-derives entries of the resume
-        parser.add_argument(ablation.flag, dest=name, action="store_true", help=f"ablation: {ablation.help}")
+    for ablation in ABLATIONS.values():  # each throws away or re-derives entries of the resume
+        parser.add_argument(ablation.flag, dest=ablation.dest, action="store_true", help=f"ablation: {ablation.help}")
     parser.add_argument("--reshard", action="store_true", help="continue a resume saved at another world size")
     parser.add_argument("--allow-mismatch", action="store_true",
                         help="resume despite other settings (not bit-exact)")
@@ -102,6 +111,7 @@ def resume_options(args: Namespace) -> ResumeOptions:
                             args.allow_mismatch, args.reshard)
     if (options.ablations or options.reshard) and not args.resume:
         raise UserError(", ".join(a.flag for a in ABLATIONS.values()) + " and --reshard only make sense with --resume")
-    if args.minimind_rescale and not args.reshard:
-        raise UserError("--minimind-rescale is a rule for resuming on another world size: add --reshard")
+    for a in options.ablations:
+        if a.reshard and not args.reshard:
+            raise UserError(f"{a.flag} is a rule for resuming on another world size: add --reshard")
     return options
