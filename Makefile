@@ -29,7 +29,9 @@ results: $(BIN)/.runtime
 audit: $(BIN)/.audit
 	$(RUN) snakemake --cores 2 audit
 
-TEST_WORKERS ?= 2
+# three workers on two cores: the SLURM and kill tests spend their first minutes waiting (on SLURM's polling,
+# on processes killed and restarted), and a third worker takes the core they leave idle (conftest.py: the order)
+TEST_WORKERS ?= 3
 # .test-record/: which tree ran, how each test ended, where its tiny pipeline is (make mutants reuses them)
 test: $(BIN)/.test
 	$(RUN) MMKIT_TEST_RECORD=$(abspath .test-record) MMKIT_MUTANTS_OUTCOMES=$(abspath .test-record)/outcomes.jsonl \
@@ -40,10 +42,10 @@ test: $(BIN)/.test
 check: $(BIN)/.test
 	$(RUN) PYTHONPATH=tests python -m pytest -q -rs -p outcomes -m quick -n 2 --durations=5 tests
 
-# the suite under load: four test files at a time on two cores, so every test gets about half the CPU it
-# gets in make test (a busy CI machine's share); a test that assumes how far a job gets in some time fails here
+# the suite under load: twice make test's workers, so every test gets about half the CPU it gets in make test
+# (a busy CI machine's share); a test that assumes how far a job gets in some time fails here
 test-stress:
-	$(MAKE) test TEST_WORKERS=$$(( 2 * $$(nproc) ))
+	$(MAKE) test TEST_WORKERS=$$(( 2 * $(TEST_WORKERS) ))
 
 # break the code on purpose, one named breakage at a time: each must make a test fail (a few minutes)
 mutants: $(BIN)/.test

@@ -47,7 +47,7 @@ CHECKPOINTED = {**TINY, "outdir": "results",
 NOT_COMPARED = ("logs/", "timing/", "checkpoints/", "settings/")
 
 
-# make test's schedule (-n 2 --dist loadgroup --no-loadscope-reorder, which keeps the order below): a file that
+# make test's schedule (-n 3 --dist loadgroup --no-loadscope-reorder, which keeps the order below): a file that
 # defines a fixture its tests share (module or session scope: a build, a cluster, a venv) is one unit of work
 # that one worker runs; every other test is a unit of its own, handed to whichever worker is free, so that both
 # stay busy to the end. The files that mostly wait (on SLURM's polling, on processes killed and restarted) go

@@ -170,8 +170,10 @@ def test_the_readmes_test_command_is_the_one_make_test_runs():
     """Catches: the README showing a pytest command that differs from the Makefile's (one that fails as written,
     as it did without PYTHONPATH=tests)."""
     readme = re.search(r"make test .*runs: (.*)", (REPO / "README.md").read_text())[1]
-    recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", (REPO / "Makefile").read_text(), re.M)[1]
-    recipe = " ".join(line.strip().rstrip("\\") for line in recipe.splitlines()).replace("$(TEST_WORKERS)", "2")
+    makefile = (REPO / "Makefile").read_text()
+    recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, re.M)[1]
+    workers = re.search(r"^TEST_WORKERS \?= (\d+)$", makefile, re.M)[1]
+    recipe = " ".join(line.strip().rstrip("\\") for line in recipe.splitlines()).replace("$(TEST_WORKERS)", workers)
     pytest_part = "PYTHONPATH=tests python -m pytest"
     assert pytest_part in recipe, "the Makefile's test recipe no longer runs python -m pytest with PYTHONPATH=tests"
     assert readme.startswith("PATH=$PWD/.venv/bin:$PATH ")  # what $(RUN) puts first
