@@ -17,6 +17,11 @@ die() { echo "cluster/start.sh: $*" >&2; exit 1; }
 
 [ "$(id -u)" = 0 ] || die "needs root (it starts munged, slurmctld and slurmd); on a real site use its own cluster"
 
+# one start at a time: a second one (another test session, another worker) waits here, then finds it up
+mkdir -p "$STATE"
+exec 9>"$STATE/start.lock"
+flock 9
+
 if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null \
     || ! command -v sinfo >/dev/null; then
     command -v apt-get >/dev/null || die "SLURM binaries missing (slurmctld, slurmd, munged, sinfo) and no apt-get to install them"
@@ -55,7 +60,7 @@ start_daemon() {  # name pidfile [command prefix...]
     # a pid file left by a daemon of an earlier boot (/run may be on disk) names a dead or foreign process:
     # remove it, so the PID recorded below is the one the new daemon writes
     rm -f "$pidfile"
-    "$@" "/usr/sbin/$name"
+    "$@" "/usr/sbin/$name" 9>&-  # the daemon must not hold the start lock
     for _ in $(seq 100); do
         pid=$(cat "$pidfile" 2>/dev/null || true)
         running "$name" "$pid" && break
