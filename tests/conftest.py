@@ -49,10 +49,11 @@ NOT_COMPARED = ("logs/", "timing/", "checkpoints/", "settings/")
 
 # make test's schedule (-n 3 --dist loadgroup --no-loadscope-reorder, which keeps the order below): a file that
 # defines a fixture its tests share (module or session scope: a build, a cluster, a venv) is one unit of work
-# that one worker runs; every other test is a unit of its own, handed to whichever worker is free, so that both
-# stay busy to the end. The files that mostly wait (on SLURM's polling, on processes killed and restarted) go
-# first, so that the other worker fills both cores meanwhile; the audit's build (snakemake --cores 2) next, to
-# take the core the SLURM test leaves idle; then the other shared files, then the tests on their own.
+# that one worker runs; every other test is a unit of its own, handed to whichever worker is free, so that every
+# worker stays busy to the end. The files that mostly wait (on SLURM's polling, on processes killed and
+# restarted) go first, so that the other workers fill both cores meanwhile; the audit's build (snakemake
+# --cores 2) next, to take the core the SLURM test leaves idle; then the other shared files, then the tests on
+# their own.
 #
 # The units are made here, not by xdist_group marks: with pytest 9.2, xdist 3.8's loadgroup drops the marks
 # (its group rides on each test's id, which pytest no longer lets it change: pytest-xdist#1386), and the
