@@ -519,7 +519,10 @@ def run_tests(work: Path, root: Path, tests, shared: Path, *options, rebuild=(),
 # such process imports first (torch alone is 2 s of CPU), and nothing of the code under test: mmkit, certkit,
 # the tests and their plugins are imported by the child, from the broken copy. MMKIT_MUTANTS_FORK=0: a fresh
 # `python -m pytest` each time instead.
-ZYGOTE_PRELOAD = ["torch", "numpy", "yaml", "jsonschema", "filelock", "pytest"]
+# torch._dynamo: imported by a process's first optimizer call (tests/launch.py: PRELOAD); hypothesis and DCP:
+# imported by the test files that most breakages run (in all, 2.6 s of CPU a breakage, measured with -X importtime)
+ZYGOTE_PRELOAD = ["torch", "numpy", "yaml", "jsonschema", "filelock", "pytest", "torch._dynamo",
+                  "torch.distributed.checkpoint", "hypothesis"]
 _zygote = []
 
 
