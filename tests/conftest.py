@@ -8,6 +8,7 @@ import ast
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -116,8 +117,57 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"the tiny DAG's build in this run (the yardstick): {seconds.read_text().strip()} s")
 
 
+def left_running(root: Path) -> dict:
+    """{pid: name} of the processes working in a folder under ROOT, this process and its ancestors aside."""
+    keep, pid = set(), os.getpid()
+    while pid > 1:  # this process and its ancestors
+        keep.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in keep:
+            continue
+        try:
+            cwd = Path(os.readlink(entry / "cwd").removesuffix(" (deleted)"))
+            name = (entry / "comm").read_text().strip()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if cwd == root or root in cwd.parents:
+            found[int(entry.name)] = name
+    return found
+
+
+def sweep(session) -> None:
+    """Ends what a test left running in the session's folders: the processes a killed xdist worker started in
+    a session of their own (a SLURM DAG), which no test's `finally` ran to end (an INTERNALERROR ends the
+    workers outright). Each is named: the run's output shows any leak, and the next run is not slowed by it."""
+    factory = getattr(session.config, "_tmp_path_factory", None)  # pytest's own, as its tmp_path fixtures use
+    if factory is None:
+        return
+    root = factory.getbasetemp().resolve()
+    found = left_running(root)
+    for pid in found:
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if found and reporter:
+        reporter.write_line(f"ended {len(found)} processes left running under {root}: "
+                            + ", ".join(f"{name} ({pid})" for pid, name in sorted(found.items())))
+
+
 def pytest_sessionfinish(session):
-    if not os.environ.get("PYTEST_XDIST_WORKER") and STOP_AT_SESSION_END.exists():
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    sweep(session)
+    if STOP_AT_SESSION_END.exists():
         subprocess.run([REPO / "cluster" / "stop.sh"], capture_output=True, timeout=120)
         STOP_AT_SESSION_END.unlink()
 
