@@ -159,7 +159,9 @@ def bench_recovery(dims: str, work: Path) -> dict:
             break
     proc.wait()
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(RUN.parent)!r}); import run"],
+    load = (f"import importlib.util as u; s = u.spec_from_file_location('run', {str(RUN)!r}); "
+            "s.loader.exec_module(u.module_from_spec(s))")  # run.py imported, not run: its imports alone
+    subprocess.run([sys.executable, "-c", load],
                    check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     imports = time.perf_counter() - t0
     newest = sorted(checkpoints.glob("step_*.pth"))[-1]

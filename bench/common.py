@@ -3,12 +3,10 @@
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.append(str(ROOT / "workflow" / "scripts"))  # mmkit, wherever the benchmark is run from
 
 import torch  # noqa: E402
 import yaml  # noqa: E402

@@ -23,7 +23,6 @@ STEPS = 4  # the peak is reached in step 2, once AdamW's state exists next to a 
 # run.py as __main__, reporting its peak resident memory in kB to the file named first, once it exits
 MEASURED = """import atexit, os, runpy, sys
 out, sys.argv = sys.argv[1], sys.argv[2:]
-sys.path.insert(0, os.path.dirname(sys.argv[0]))  # as `python run.py` would: mmkit sits next to it
 def peak():
     with open("/proc/self/status") as f, open(out, "w") as o:
         o.write(next(line for line in f if line.startswith("VmHWM:")).split()[1])

@@ -6,6 +6,7 @@ stop_at and every model dimension, so the bit-exact claim is checked off the def
 
 import ast
 import functools
+import importlib.util
 import os
 import shutil
 import signal
@@ -24,7 +25,7 @@ from filelock import FileLock
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "workflow" / "scripts"
-sys.path.insert(0, str(SCRIPTS))
+SRC = REPO / "src"  # the lab's package (mmkit, trainer_audit), installed editable
 
 TINY = {
     "steps": 12,
@@ -258,8 +259,9 @@ def copy_workflow(dest: Path) -> Path:
             shutil.copytree(src, dest / name, dirs_exist_ok=True)
         else:
             shutil.copy2(src, dest / name)
-    shutil.copytree(REPO / "workflow", dest / "workflow", ignore=shutil.ignore_patterns("__pycache__"),
-                    dirs_exist_ok=True)
+    for name in ("workflow", "src"):
+        shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"),
+                        dirs_exist_ok=True)
     return dest
 
 
@@ -275,16 +277,30 @@ def tiny_config(**overrides) -> dict:
 def snakemake(workdir: Path, *args, configfiles=("config.yaml", "tiny.yaml"), check=True):
     # targets before --configfile, which takes every word after it
     cmd = [sys.executable, "-m", "snakemake", "--cores", "2", *args, "--configfile", *configfiles]
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=clean_env())
+    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=clean_env(workdir))
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
 
 
-def clean_env() -> dict:
+def clean_env(work: Path | None = None) -> dict:
+    """This environment, with this Python's folder first on PATH (rules call `python`). WORK: a copy of the
+    workflow (copy_workflow) whose jobs run the copy's package (its src/, the code under test, first on
+    PYTHONPATH, before the package this repository installs editable), as its code inputs say they do."""
     env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # rules call `python`
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    if work is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(work) / "src"), env.get("PYTHONPATH")) if p)
     return env
+
+
+def script_module(name: str):
+    """workflow/scripts/NAME as a module of this process: a script is no package, so it is loaded from its file
+    (its imports, mmkit's and certkit's, come from the installed packages)."""
+    spec = importlib.util.spec_from_file_location(Path(name).stem, SCRIPTS / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_script(name: str, *args, cwd=None, env=None):

@@ -7,11 +7,10 @@ left to one real-process test per command line (test_bad_input, test_resume_cont
 each check run here, at a fraction of a second each instead of a process start and a model build.
 """
 
-import importlib.util
 import signal
 
 import pytest
-from conftest import SCRIPTS
+from conftest import script_module
 
 from mmkit.errors import UserError
 from mmkit.parallel import start
@@ -23,13 +22,10 @@ def _load_run_py():
     (mmkit.preemption, first thing): this process is pytest's, so its own handlers are put back."""
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     try:
-        spec = importlib.util.spec_from_file_location("run_py", SCRIPTS / "run.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        return script_module("run.py")
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
-    return module
 
 
 RUN_PY = _load_run_py()

@@ -41,8 +41,8 @@ from pathlib import Path
 
 from outcomes import OUTCOMES, RECORD, REPO, STOP, TEST_RECORD, tracked_files, tree_digest
 
-M = "workflow/scripts/mmkit/"
-AUDIT = "workflow/scripts/trainer_audit/"
+M = "src/mmkit/"
+AUDIT = "src/trainer_audit/"
 C = "certify/src/certkit/"  # certify's distribution: its copy comes first on PYTHONPATH (run_tests)
 T = "tests/"
 CI = "certify/tests/test_ci.py::"
@@ -485,7 +485,6 @@ def tracked_copy(dest: Path) -> Path:
 
 
 def build_shared_pipeline(dest: Path) -> Path:
-    sys.path.insert(0, str(REPO / "tests"))
     import yaml
     from conftest import TINY, copy_workflow, snakemake
 
@@ -499,9 +498,9 @@ def run_tests(work: Path, root: Path, tests, shared: Path, *options, rebuild=(),
     """Run TESTS in WORK under the outcomes plugin: (its records, the last line pytest printed)."""
     outcomes = root / "outcomes.jsonl"
     outcomes.unlink(missing_ok=True)
-    # certify's package from WORK, before the editable install of the unbroken one
+    # the lab's and certify's packages from WORK, before the editable installs of the unbroken ones
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", OUTCOMES: str(outcomes), "MMKIT_SHARED_PIPELINE": str(shared),
-           "PYTHONPATH": os.pathsep.join([str(work / "tests"), str(work / "certify" / "src")])}
+           "PYTHONPATH": os.pathsep.join([str(work / "src"), str(work / "tests"), str(work / "certify" / "src")])}
     for name in ("MMKIT_SHARED_PIPELINE_UPDATE", "CI", STOP, RECORD):
         env.pop(name, None)  # CI: under CI=true a skipped test fails, and a skip must not count as a catch
     if rebuild:
@@ -561,7 +560,7 @@ def pytest_child(work: str, env: dict, args: list, log: str) -> None:
     main = types.ModuleType("__main__")
     main.__spec__ = importlib.util.find_spec("pytest.__main__")
     sys.modules["__main__"] = main
-    unbroken = tuple(str(REPO / d) + os.sep for d in ("tests", "certify", "workflow"))
+    unbroken = tuple(str(REPO / d) + os.sep for d in ("tests", "certify", "workflow", "src"))
     for name, module in list(sys.modules.items()):  # this file's imports from the unbroken tree (outcomes):
         if str(getattr(module, "__file__", None) or "").startswith(unbroken):  # the child imports WORK's
             del sys.modules[name]

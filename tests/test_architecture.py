@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, SCRIPTS
+from conftest import REPO, SCRIPTS, SRC
 
 PACKAGES = ("mmkit", "certkit", "trainer_audit")
-FOLDERS = {"mmkit": SCRIPTS / "mmkit", "certkit": REPO / "certify" / "src" / "certkit",  # certkit: its own distribution
-           "trainer_audit": SCRIPTS / "trainer_audit"}
+FOLDERS = {"mmkit": SRC / "mmkit", "certkit": REPO / "certify" / "src" / "certkit",  # certkit: its own distribution
+           "trainer_audit": SRC / "trainer_audit"}
 CHECKPOINT_CODE = ("atomic", "checkpoint", "sharded", "store", "resume", "fingerprint", "ablations",
                    "checkpoint_dir", "checkpointer", "preemption")
 
@@ -124,22 +124,67 @@ def test_the_docs_name_only_what_exists_and_each_package_lists_its_modules():
     assert named <= names, f"docs/architecture.md names files that do not exist: {sorted(named - names)}"
 
 
+# the fork servers' children: each sets sys.path as the interpreter it stands in for would have at its start
+# (`python SCRIPT`: the script's folder first; `python -m pytest`: PYTHONPATH's entries), nothing else
+STANDS_IN_FOR_AN_INTERPRETER = {("tests/launch.py", "_child"), ("tests/mutants.py", "pytest_child")}
+
+
+def is_sys_path(node) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+            and node.value.id == "sys")
+
+
+def sys_path_edits(path: Path) -> list:
+    """'file:line' of each statement of PATH that changes sys.path: a call of its methods, an assignment to it
+    or to a slice of it, outside the functions allowed above."""
+    rel = path.relative_to(REPO).as_posix()
+    tree = ast.parse(path.read_text())
+    allowed = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+               and (rel, f.name) in STANDS_IN_FOR_AN_INTERPRETER for n in ast.walk(f)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in allowed:
+            continue
+        changed = (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and is_sys_path(node.func.value)
+                   and node.func.attr in ("insert", "append", "extend", "remove", "pop", "clear"))
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            changed = any(is_sys_path(t) or (isinstance(t, ast.Subscript) and is_sys_path(t.value)) for t in targets)
+        if changed:
+            found.append(f"{rel}:{node.lineno}")
+    return found
+
+
+@pytest.mark.quick
+def test_no_script_rule_test_or_benchmark_reaches_a_package_by_editing_sys_path():
+    """Catches: a file under workflow/, tests/ or bench/ that finds mmkit (or any package) by putting a folder
+    on sys.path instead of importing what is installed: it then runs code the install does not name, and a
+    test of a copy of the workflow would run the repository's package instead of the copy's."""
+    files = [p for d in ("workflow", "tests", "bench") for p in (REPO / d).rglob("*.py")]
+    edits = [e for p in sorted(files) for e in sys_path_edits(p)]
+    rules = [REPO / "Snakefile", *(REPO / "workflow" / "rules").glob("*.smk")]  # not Python's grammar: by text
+    edits += [f"{p.relative_to(REPO)}:{i}" for p in rules for i, line in enumerate(p.read_text().splitlines(), 1)
+              if "sys.path" in line and not line.lstrip().startswith("#")]
+    assert len(files) > 60 and not edits, edits
+
+
 @pytest.mark.quick
 def test_run_py_stays_short_and_no_function_does_several_jobs():
     """Catches: the checkpoint policy or other library work growing back into run.py (issue 37: at most 120
-    lines, no function over 40), a function anywhere in workflow/scripts over 60 lines (several jobs in one),
+    lines, no function over 40), a function anywhere in workflow/scripts, src/ or certkit over 60 lines (several
+    jobs in one),
     and store.resume gathering more than 4 parameters again (its options belong in ResumeOptions)."""
     run_py = SCRIPTS / "run.py"
     assert len(run_py.read_text().splitlines()) <= 120
     long = []
-    for path in sorted([*SCRIPTS.rglob("*.py"), *FOLDERS["certkit"].rglob("*.py")]):
+    for path in sorted([*SCRIPTS.glob("*.py"), *SRC.rglob("*.py"), *FOLDERS["certkit"].rglob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1
                 if lines > (40 if path == run_py else 60):
                     long.append(f"{path.relative_to(REPO)}:{node.name} ({lines} lines)")
     assert not long
-    resume = next(n for n in ast.parse((SCRIPTS / "mmkit" / "store.py").read_text()).body
+    resume = next(n for n in ast.parse((SRC / "mmkit" / "store.py").read_text()).body
                   if isinstance(n, ast.FunctionDef) and n.name == "resume")
     assert len(resume.args.args) + len(resume.args.kwonlyargs) <= 4
 

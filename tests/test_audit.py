@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 import yaml
-from conftest import SCRIPTS, copy_workflow, snakemake
+from conftest import copy_workflow, script_module, snakemake
 
 from trainer_audit import audit
 from mmkit.errors import UserError
@@ -257,8 +257,7 @@ def test_a_refused_resume_or_a_scenario_the_script_cannot_run_is_the_cells_resul
     any other failure (a straight run that fails) passed off as a cell's result; a scenario a script cannot run
     that is run anyway or counted as a verdict. The failures are told apart by their type (certkit.errors),
     never by their text: a resume whose last line reads like another failure is still the cell's result."""
-    sys.path.insert(0, str(SCRIPTS))
-    import audit_cell
+    audit_cell = script_module("audit_cell.py")
     from certkit.errors import ResumeFailed, StraightFailed
 
     def refused(*args, **kwargs):
@@ -337,8 +336,7 @@ def test_a_crash_cell_resumes_through_the_frameworks_auto_resume_and_is_counted_
     """Catches: a crash cell that names the checkpoint to resume from (then no crash could make the framework
     pick a wrong one), Lightning's auto-resume without the last.ckpt it reads, the counts of certify --crash
     lost or shifted between outcomes in the summary, and a crash cell counted among the bit-exact ones."""
-    sys.path.insert(0, str(SCRIPTS))
-    import audit_cell
+    audit_cell = script_module("audit_cell.py")
     from certkit.saves import MODELS, OUTCOMES
 
     calls = []

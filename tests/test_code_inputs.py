@@ -18,9 +18,9 @@ from modulefinder import ModuleFinder
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SCRIPTS, snakemake
+from conftest import REPO, snakemake
 
-MODULES = sorted(p.name for p in (SCRIPTS / "mmkit").glob("*.py"))
+MODULES = sorted(p.name for p in (REPO / "src" / "mmkit").glob("*.py"))
 
 
 def jobs(proc) -> dict:
@@ -42,8 +42,9 @@ def jobs(proc) -> dict:
 @cache
 def finder(script: Path) -> ModuleFinder:
     """Python's own modulefinder run on SCRIPT (imports inside functions too), finding only what lies beside
-    it: what it imports from elsewhere (torch, ...) is left in its badmodules."""
-    found = ModuleFinder(path=[str(script.parent)])
+    it and the lab's package (the copy's src/): what it imports from elsewhere (torch, ...) is left in its
+    badmodules."""
+    found = ModuleFinder(path=[str(script.parent), str(script.parents[2] / "src")])
     found.run_script(str(script))
     return found
 
@@ -97,7 +98,7 @@ def downstream(graph: dict, start: set) -> set:
 @pytest.mark.parametrize("module", MODULES)
 def test_editing_a_module_reruns_the_jobs_whose_scripts_import_it_and_only_what_follows(copy, module):
     work, everything, imports = copy
-    path = work / "workflow" / "scripts" / "mmkit" / module
+    path = work / "src" / "mmkit" / module
     text, stat = path.read_bytes(), path.stat()
     try:
         # a real edit: snakemake ignores a newer mtime when the file's checksum is unchanged

@@ -3,8 +3,6 @@ giving the logits mmkit's model gives on the same fp16-rounded weights, head tie
 
 import json
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,9 +13,7 @@ else:
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
-from conftest import run_script  # noqa: E402
+from conftest import REPO as ROOT, run_script  # noqa: E402
 from mmkit.checkpoint import cast_state_dict  # noqa: E402
 from mmkit.config import load_config, model_config  # noqa: E402
 from mmkit.model import MiniMindForCausalLM  # noqa: E402

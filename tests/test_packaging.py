@@ -30,5 +30,5 @@ def test_torch_is_pinned_to_the_cpu_build_on_disk():
     # an unpinned torch pulls a multi-GB CUDA build
     assert "torch==2.13.0" in pip_requirements("requirements.txt")
     # pinned, but for this repository's own distributions, installed from their folders
-    assert all(re.fullmatch(r"[\w.-]+==[\w.]+", r) or re.fullmatch(r"-e \./\w+", r) and (REPO / r[5:] / "pyproject.toml").is_file()
+    assert all(re.fullmatch(r"[\w.-]+==[\w.]+", r) or re.fullmatch(r"-e \.(/\w+)?", r) and (REPO / r[5:] / "pyproject.toml").is_file()
                for r in pip_requirements("requirements-test.txt"))

@@ -73,7 +73,7 @@ def test_rebuilding_one_target_runs_only_that_rule_and_gives_the_same_bits(pipel
 
 
 def test_editing_the_training_code_reruns_the_training_rules(pipeline):
-    train_py = pipeline.parent / "workflow" / "scripts" / "mmkit" / "train.py"
+    train_py = pipeline.parent / "src" / "mmkit" / "train.py"
     text, stat = train_py.read_text(), train_py.stat()
     try:
         # a real edit: snakemake ignores a newer mtime when the file's checksum is unchanged

@@ -9,13 +9,18 @@ from functools import cache
 
 
 def installed_root(package):
-    """The folder that holds PACKAGE as this Python imports it (for certkit: certify/src, editable)."""
+    """The folder that holds PACKAGE as this Python imports it (mmkit and trainer_audit: src, certkit:
+    certify/src, each installed editable), relative to the working directory when it is inside it."""
     import importlib.util
 
-    return Path(importlib.util.find_spec(package).submodule_search_locations[0]).parent
+    root = Path(importlib.util.find_spec(package).submodule_search_locations[0]).parent
+    inside = root.resolve().is_relative_to(Path.cwd().resolve())
+    return Path(os.path.relpath(root)) if inside else root
 
 
-INSTALLED_ROOTS = (installed_root("certkit"),)
+INSTALLED_ROOTS = tuple(
+    dict.fromkeys(installed_root(p) for p in ("mmkit", "trainer_audit", "certkit"))
+)
 # the certify command's code: its entry module (and, through code_inputs, all it imports) and the
 # sitecustomize it loads the recorder with
 CERTIFY_CODE = [
@@ -26,17 +31,18 @@ CERTIFY_CODE = [
 
 def code_inputs(script):
     """The local modules SCRIPT imports, directly or through one another, found in their source when the
-    DAG is parsed (a new module in the package needs no list kept by hand). Local: the package's modules
-    under workflow/scripts, each package's __init__.py on the way, and modules beside the script.
+    DAG is parsed (a new module in the package needs no list kept by hand). Local: the modules of this
+    repository's packages (src/, certify/src/), each package's __init__.py on the way, and modules beside
+    the script.
     Imports inside functions count: they run too.
     """
     script = Path(script)
     # a copy of the workflow without bench/: the rule's script input says what is missing
     if not script.is_file():
         return []
-    # where `python script` finds them: the script's folder, then sys.path (mmkit's folder), then this
-    # repository's installed distributions (certkit: certify/, installed editable)
-    roots = (script.parent, SCRIPTS, *INSTALLED_ROOTS)
+    # where `python script` finds them: the script's folder, then this repository's installed distributions
+    # (the lab's package: src/; certkit: certify/src/; each installed editable)
+    roots = (script.parent, *INSTALLED_ROOTS)
     found, todo = set(), [(script, "__main__")]
     while todo:
         for path, module in imported_files(*todo.pop(), roots):

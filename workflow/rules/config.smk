@@ -1,14 +1,12 @@
 # The config room: the config checked once, where the data comes from, and what each rule's jobs read.
 
 import os
-import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
 # relative to the working directory, so job commands and file lists stay short
 SCRIPTS = Path(os.path.relpath(Path(workflow.basedir) / "workflow" / "scripts"))
-sys.path.insert(0, str(SCRIPTS))
 import yaml
 from mmkit.config import check_config, leaf_keys, read_yaml, select
 from mmkit.errors import UserError

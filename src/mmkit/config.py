@@ -25,7 +25,9 @@ if TYPE_CHECKING:  # imported where they are built: the Snakefile checks the con
     from .model import ModelConfig
     from .parallel import ParallelConfig
 
-SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+# the workflow's schema (Snakemake keeps it in workflow/schemas/), read from the checkout this package is installed
+# from (editable: src/ beside workflow/)
+SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 
 
 @dataclass(frozen=True)
