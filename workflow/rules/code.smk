@@ -10,7 +10,8 @@ from functools import cache
 
 def installed_root(package):
     """The folder that holds PACKAGE as this Python imports it (mmkit and trainer_audit: src, certkit:
-    certify/src, each installed editable), relative to the working directory when it is inside it."""
+    certify/src, each installed editable), relative to the working directory when it is inside it.
+    """
     import importlib.util
 
     root = Path(importlib.util.find_spec(package).submodule_search_locations[0]).parent
