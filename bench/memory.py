@@ -21,7 +21,7 @@ from common import ROOT, config_of
 
 STEPS = 4  # the peak is reached in step 2, once AdamW's state exists next to a step's activations
 # run.py as __main__, reporting its peak resident memory in kB to the file named first, once it exits
-MEASURED = """import atexit, os, runpy, sys
+MEASURED = """import atexit, runpy, sys
 out, sys.argv = sys.argv[1], sys.argv[2:]
 def peak():
     with open("/proc/self/status") as f, open(out, "w") as o:

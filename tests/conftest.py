@@ -277,20 +277,21 @@ def tiny_config(**overrides) -> dict:
 def snakemake(workdir: Path, *args, configfiles=("config.yaml", "tiny.yaml"), check=True):
     # targets before --configfile, which takes every word after it
     cmd = [sys.executable, "-m", "snakemake", "--cores", "2", *args, "--configfile", *configfiles]
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=clean_env(workdir))
+    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=clean_env(Path(workdir) / "src"))
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
 
 
-def clean_env(work: Path | None = None) -> dict:
-    """This environment, with this Python's folder first on PATH (rules call `python`). WORK: a copy of the
-    workflow (copy_workflow) whose jobs run the copy's package (its src/, the code under test, first on
-    PYTHONPATH, before the package this repository installs editable), as its code inputs say they do."""
+def clean_env(*first: Path) -> dict:
+    """This environment, with this Python's folder first on PATH (rules call `python`), and the folders FIRST
+    put first on PYTHONPATH, the rest kept (make mutants puts its broken copy of src/ there). A copy of the
+    workflow (copy_workflow) passes its src/: its jobs then run the copy's package, the code under test, before
+    the one this repository installs editable, as their code inputs say they do."""
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    if work is not None:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(work) / "src"), env.get("PYTHONPATH")) if p)
+    if first:
+        env["PYTHONPATH"] = os.pathsep.join([*map(str, first), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
 

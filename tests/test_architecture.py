@@ -171,9 +171,9 @@ def test_no_script_rule_test_or_benchmark_reaches_a_package_by_editing_sys_path(
 @pytest.mark.quick
 def test_run_py_stays_short_and_no_function_does_several_jobs():
     """Catches: the checkpoint policy or other library work growing back into run.py (issue 37: at most 120
-    lines, no function over 40), a function anywhere in workflow/scripts, src/ or certkit over 60 lines (several
-    jobs in one),
-    and store.resume gathering more than 4 parameters again (its options belong in ResumeOptions)."""
+    lines, no function over 40), a function anywhere in workflow/scripts, src/ or certkit over 60 lines
+    (several jobs in one), and store.resume gathering more than 4 parameters again (its options belong in
+    ResumeOptions)."""
     run_py = SCRIPTS / "run.py"
     assert len(run_py.read_text().splitlines()) <= 120
     long = []

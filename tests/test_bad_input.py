@@ -5,7 +5,6 @@ The cases of run.py's checks of a resume file and a token file call its own code
 for the exit status, the one last line, and the output neither written nor damaged.
 """
 
-import os
 import pickle
 import subprocess
 import sys
@@ -188,10 +187,10 @@ def test_a_resume_from_other_training_code_is_refused_naming_the_module(small_ru
     out = tmp_path / "o.pth"
     cmd = [sys.executable, work / "workflow" / "scripts" / "run.py", "--config", small_run["config"], "--tokens",
            small_run["tokens"], "--resume", small_run["resume"], "--out", out]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_env(work))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_env(work / "src"))
     assert_refused(proc, "code.train.py ", "--allow-mismatch", out=out)
     assert "model.py" not in proc.stderr
-    proc = subprocess.run(cmd + ["--allow-mismatch"], capture_output=True, text=True, env=clean_env(work))
+    proc = subprocess.run(cmd + ["--allow-mismatch"], capture_output=True, text=True, env=clean_env(work / "src"))
     assert proc.returncode == 0 and "not be bit-exact" in proc.stderr, proc.stderr[-2000:]
 
 
@@ -273,8 +272,7 @@ def test_python_without_pydoc_data_says_what_to_change(tmp_path):
     shadow = tmp_path / "shadow" / "pydoc_data"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("")  # a pydoc_data without topics, as a trimmed Python has
-    env = clean_env()  # the shadow first; the rest kept (make mutants puts its broken copy of src/ there)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tmp_path / "shadow"), env.get("PYTHONPATH")) if p)
+    env = clean_env(tmp_path / "shadow")
     assert_refused(prepare(tmp_path, "", env), "pydoc_data", "data.corpus", out=tmp_path / "train.npy")
 
 

@@ -404,7 +404,7 @@ def test_a_rank_killed_in_the_middle_of_a_ddp_save_fails_the_job_and_a_rerun_giv
     before = torch.load(work / target, weights_only=True)
     proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", target, "--forcerun", "dist_ddp_resume",
                            "--configfile", "config.yaml", "tiny.yaml"], cwd=work, capture_output=True, text=True,
-                          env={**clean_env(work), "MMKIT_FAILPOINT": "save:0"})
+                          env={**clean_env(work / "src"), "MMKIT_FAILPOINT": "save:0"})
     assert proc.returncode != 0 and "dist_ddp_resume" in proc.stdout + proc.stderr
     assert not (work / target).exists()  # a failed job's output is not taken as finished
     snakemake(work, target)
@@ -527,7 +527,7 @@ def test_snakemakes_retry_continues_a_ddp_job_whose_rank_was_preempted(build, pi
     reference = torch.load(pipeline.parent / target, weights_only=True)
     work = tmp_path / "w"
     shutil.copytree(pipeline.parent, work, symlinks=True)
-    env = {**clean_env(work), "MMKIT_FAILPOINT": "step3:0:USR1"}  # rank 0 alone: torchrun hears nothing of it
+    env = {**clean_env(work / "src"), "MMKIT_FAILPOINT": "step3:0:USR1"}  # rank 0 alone: torchrun hears nothing of it
     cmd = [sys.executable, "-m", "snakemake", "--cores", "2", "--retries", "1", "--forcerun", "dist_ddp_straight",
            target, "--configfile", "config.yaml", "tiny.yaml"]
     proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env=env)

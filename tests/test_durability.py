@@ -100,7 +100,7 @@ def test_killed_snakemake_job_is_rebuilt_alone_with_the_same_bits(pristine_pipel
     cmd = [sys.executable, "-m", "snakemake", "--cores", "1", "results/straight.pth",
            "--configfile", "config.yaml", "tiny.yaml"]
     job = subprocess.Popen(cmd, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           env={**clean_env(work), "MMKIT_FAILPOINT": "slow=0.3"}, start_new_session=True)
+                           env={**clean_env(work / "src"), "MMKIT_FAILPOINT": "slow=0.3"}, start_new_session=True)
     log = work / "results" / "logs" / "straight.log"
     deadline = time.monotonic() + 120
     while not (log.exists() and "step    4/" in log.read_text()):

@@ -388,7 +388,7 @@ def test_snakemake_killed_again_and_again_and_rerun_incomplete_ends_with_the_cle
         if kills:
             snakemake(work, "--unlock")  # what a user types after a crash left the directory locked
         dag = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", "--rerun-incomplete",
-                                "--configfile", "config.yaml", "tiny.yaml"], cwd=work, env=clean_env(work),
+                                "--configfile", "config.yaml", "tiny.yaml"], cwd=work, env=clean_env(work / "src"),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         delay = rng.uniform(2.0, 5.0)
         try:

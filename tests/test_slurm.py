@@ -101,7 +101,8 @@ def test_the_dag_on_slurm_survives_usr1_and_a_requeue_and_equals_a_local_build(c
     local build."""
     work = workdir(tmp_path / "slurm")
     t0 = time.monotonic()
-    dag = subprocess.Popen(snakemake_cmd("--workflow-profile", "profiles/slurm"), cwd=work, env={**clean_env(work), **SLOW},
+    dag = subprocess.Popen(snakemake_cmd("--workflow-profile", "profiles/slurm"), cwd=work,
+                           env={**clean_env(work / "src"), **SLOW},
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     # straight: SLURM signals USR1 (as before a time limit): checkpoint, exit 75, and Snakemake's retry resumes
     # resumed: the scheduler requeues it (as a preempting partition does): SIGTERM, and the same job runs again
@@ -147,7 +148,7 @@ def test_a_partition_that_does_not_exist_is_one_clear_error_not_a_hang(cluster, 
     work = workdir(tmp_path / "w")
     proc = subprocess.run(snakemake_cmd("--workflow-profile", "profiles/slurm", "--set-resources",
                                         "tokenize:slurm_partition=nosuchpartition", "--", "results/data/train.npy"),
-                          cwd=work, capture_output=True, text=True, env=clean_env(work), timeout=300)
+                          cwd=work, capture_output=True, text=True, env=clean_env(work / "src"), timeout=300)
     assert proc.returncode != 0
     assert "nosuchpartition" in proc.stderr + proc.stdout, (proc.stderr + proc.stdout)[-3000:]
 
