@@ -3,7 +3,7 @@
   torchrun --standalone --nproc-per-node 2 bench/async_save.py --out bench/async_save.md [--dims minimind2-small]
 
 Two ranks on gloo, the model sharded by FSDP2 with AdamW's state filled by one step. Each round saves the
-same state both ways, in alternating order, through mmkit.sharded (the code run.py uses):
+same state both ways, in alternating order, through mmkit.checkpoint.dcp (the code run.py uses):
   blocked    from the call until the training loop could go on (sync: the save is done and committed;
              async: the shards are staged and handed to the background writer)
   committed  from the call until the directory is renamed into place
@@ -26,8 +26,8 @@ import yaml  # noqa: E402
 from mmkit.data import DataPosition  # noqa: E402
 from mmkit.model import MiniMindForCausalLM, ModelConfig  # noqa: E402
 from mmkit.parallel import ParallelConfig, start  # noqa: E402
-from mmkit.resume import TrainingState, resume_state  # noqa: E402
-from mmkit.sharded import save_resume_dir  # noqa: E402
+from mmkit.checkpoint.entries import TrainingState, resume_state  # noqa: E402
+from mmkit.checkpoint.dcp import save_resume_dir  # noqa: E402
 from mmkit.train import WEIGHT_DECAY  # noqa: E402
 
 ISA_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2")

@@ -21,7 +21,7 @@ import yaml
 from ckpt_io import resume_sized_live
 from common import ROOT, config_of, summary, time_interleaved
 
-from mmkit import store
+from mmkit.checkpoint import manager
 
 RUN = ROOT / "workflow" / "scripts" / "run.py"
 EVERY = 10
@@ -33,13 +33,13 @@ def bench_stall(dims: str, io_dir: Path, reps: int, warmup: int) -> dict:
     torch.set_num_threads(1)
     live = resume_sized_live(dims)
     path = io_dir / "stall.pth"
-    committed = []
+    committed, buffers = [], []  # async: each snapshot refills the last one's host storages, as run.py's do
 
     def sync():
-        store.save(live, path).commit()
+        manager.save(live, path).commit()
 
     def async_():
-        pending = store.save(live, path, in_background=True)
+        pending = manager.save(live, path, in_background=True, buffers=buffers)
         async_.pending = pending
 
     def async_then_commit():
@@ -181,7 +181,7 @@ def bench_recovery(dims: str, work: Path) -> dict:
 def resume_in_process(config: Path, tokens: Path, checkpoints: Path, newest: Path) -> tuple:
     """(build, read, auto-resume) seconds, as run.py does them: the model, AdamW and data built, the newest
     checkpoint read, then auto-resume (read again, every entry checked, put back)."""
-    from mmkit.checkpoint_dir import CheckpointDir
+    from mmkit.checkpoint.folder import CheckpointDir
     from mmkit.config import load_config, run_config
     from mmkit.data import Expected, StepPlan, TrainingData
     from mmkit.parallel import start
@@ -194,13 +194,13 @@ def resume_in_process(config: Path, tokens: Path, checkpoints: Path, newest: Pat
     live = build(cfg, device, start(cfg.parallel, device, False), data)
     built = time.perf_counter() - t0
     t0 = time.perf_counter()
-    store.read(newest)
+    manager.read(newest)
     read = time.perf_counter() - t0
     expected = Expected(StepPlan(cfg.accumulation_steps, data.batches_per_epoch), cfg.seed, live.batches,
                         cfg.steps)
     expected.rewound_from(live.step, live.batches.position)
     t0 = time.perf_counter()
-    store.auto_resume(CheckpointDir(checkpoints, cfg.checkpoint), live, expected)
+    manager.auto_resume(CheckpointDir(checkpoints, cfg.checkpoint), live, expected)
     return built, read, time.perf_counter() - t0
 
 

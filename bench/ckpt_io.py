@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 from common import LR, model_config, paired_ratio, summary, time_interleaved, time_once
 
-from mmkit.checkpoint import save_atomic
+from mmkit.checkpoint.files import save_atomic
 from mmkit.data import DataPosition
 from mmkit.model import MiniMindForCausalLM
 from mmkit.parallel import Ranks
-from mmkit.resume import TrainingState, resume_state
+from mmkit.checkpoint.entries import TrainingState, resume_state
 from mmkit.train import WEIGHT_DECAY
 
 

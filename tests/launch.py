@@ -26,7 +26,7 @@ from pathlib import Path
 # and torch._dynamo, which torch imports at a process's first optimizer call (torch/_compile.py: the optimizer's
 # methods are wrapped in _disable_dynamo, which imports it then): 1.2 s of CPU, most of a forked run.py's time
 PRELOAD = ["torch", "numpy", "yaml", "jsonschema", "torch.distributed.checkpoint", "torch._dynamo", "mmkit.config",
-           "mmkit.store", "mmkit.train", "mmkit.data", "mmkit.export", "mmkit.report", "mmkit.sharded",
+           "mmkit.checkpoint.manager", "mmkit.train", "mmkit.data", "mmkit.export", "mmkit.report", "mmkit.checkpoint.dcp",
            "mmkit.parallel"]
 # read by torch, OpenMP or MKL when they are loaded or first used, not when a script runs: a fork would
 # carry the server's values, so a start that sets them differently runs a fresh interpreter

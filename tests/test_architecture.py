@@ -16,28 +16,43 @@ from conftest import REPO, SCRIPTS, SRC
 PACKAGES = ("mmkit", "certkit", "trainer_audit")
 FOLDERS = {"mmkit": SRC / "mmkit", "certkit": REPO / "certify" / "src" / "certkit",  # certkit: its own distribution
            "trainer_audit": SRC / "trainer_audit"}
-CHECKPOINT_CODE = ("atomic", "checkpoint", "sharded", "store", "resume", "fingerprint", "ablations",
-                   "checkpoint_dir", "checkpointer", "preemption")
+# mmkit's modules that save, load or describe a checkpoint: its checkpoint package, and these beside it
+CHECKPOINT_CODE = ("atomic", "fingerprint", "ablations", "preemption")
+
+
+def packages(package: str) -> list:
+    """PACKAGE's folder and its subpackages' (each a folder with an __init__.py)."""
+    return [f.parent for f in sorted(FOLDERS[package].rglob("__init__.py"))]
 
 
 def modules(package: str) -> dict:
-    """{module name: its file} of PACKAGE, __init__ included as the package's own name."""
-    return {(f.stem if f.stem != "__init__" else package): f for f in sorted(FOLDERS[package].glob("*.py"))}
+    """{module name: its file} of PACKAGE and its subpackages ('checkpoint.manager'), each __init__ as its
+    package's own name ('mmkit', 'checkpoint')."""
+    found = {}
+    for folder in packages(package):
+        for f in sorted(folder.glob("*.py")):
+            parts = f.relative_to(FOLDERS[package]).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts) or package] = f
+    return found
 
 
 def imported(path: Path, package: str) -> set:
     """What the module at PATH imports: 'mmkit.train', 'certkit', 'torch', a script's name; relative imports
-    resolved against PACKAGE (from . import x, from .x import y)."""
+    resolved against the package PATH lies in (from . import x, from ..x import y), PACKAGE or one of its
+    subpackages."""
+    root = FOLDERS.get(package)
+    home = [package, *(path.parent.relative_to(root).parts if root and path.is_relative_to(root) else ())]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: within the package
+            if node.level:  # relative: within the package, node.level - 1 folders up
+                base = ".".join(home[:len(home) - node.level + 1])
                 if node.module:
-                    found.add(f"{package}.{node.module}")
+                    found.add(f"{base}.{node.module}")
                 else:
-                    found |= {f"{package}.{alias.name}" for alias in node.names}
+                    found |= {f"{base}.{alias.name}" for alias in node.names}
             else:
                 found.add(node.module)
                 found |= {f"{node.module}.{alias.name}" for alias in node.names}
@@ -69,7 +84,9 @@ def test_checkpoint_code_never_imports_the_training_loop_nor_the_data_module():
     """Catches: a checkpoint module that imports train (the loop would then be inside its own I/O), or data
     (the checkpoint would then rebuild a data position the data module owns)."""
     mmkit = modules("mmkit")
-    for name in CHECKPOINT_CODE:
+    checkpoint_code = [n for n in mmkit if n in CHECKPOINT_CODE or n.split(".")[0] == "checkpoint"]
+    assert len(checkpoint_code) == len(CHECKPOINT_CODE) + 6, checkpoint_code  # the package and its 5 modules
+    for name in checkpoint_code:
         found = imported(mmkit[name], "mmkit")
         assert "mmkit.train" not in found, f"{name} imports the training loop"
         assert "mmkit.data" not in found, f"{name} imports mmkit.data"
@@ -98,10 +115,11 @@ def test_every_module_of_both_packages_is_on_the_map():
 
 
 def listed(docstring: str) -> set:
-    """The modules a package docstring's layout lists: each line '  name.py[, other.py]  what it holds'."""
+    """The modules and subpackages a package docstring's layout lists: each line '  name.py[, other.py]  what
+    it holds', or '  name/  what it holds'."""
     found = set()
     for line in docstring.splitlines():
-        m = re.match(r"^  (\w+\.py(?:, \w+\.py)*)\s", line)
+        m = re.match(r"^  (\w+\.py(?:, \w+\.py)*|\w+/)\s", line)
         if m:
             found |= set(m[1].split(", "))
     return found
@@ -111,10 +129,11 @@ def listed(docstring: str) -> set:
 def test_the_docs_name_only_what_exists_and_each_package_lists_its_modules():
     """Catches: a module renamed or removed while docs/architecture.md or its package's docstring still names
     it, and a module added that its package's docstring does not list (mmkit's once named 10 of 22)."""
-    for package in PACKAGES:
-        files = {path.name for path in modules(package).values() if not path.stem.startswith("__")}
-        docstring = ast.get_docstring(ast.parse((FOLDERS[package] / "__init__.py").read_text()))
-        assert listed(docstring) == files, f"{package}/__init__.py's list: {listed(docstring) ^ files} differ"
+    for folder in (f for package in PACKAGES for f in packages(package)):
+        files = {f.name for f in folder.glob("*.py") if not f.stem.startswith("__")}
+        files |= {d.name + "/" for d in folder.iterdir() if d.is_dir() and any(d.glob("*.py"))}
+        docstring = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
+        assert listed(docstring) == files, f"{folder.name}/__init__.py's list: {listed(docstring) ^ files} differ"
     layout = (REPO / "docs" / "architecture.md").read_text().split("```")[1]
     tracked = set(subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
                                  check=True).stdout.split())
@@ -172,7 +191,7 @@ def test_no_script_rule_test_or_benchmark_reaches_a_package_by_editing_sys_path(
 def test_run_py_stays_short_and_no_function_does_several_jobs():
     """Catches: the checkpoint policy or other library work growing back into run.py (issue 37: at most 120
     lines, no function over 40), a function anywhere in workflow/scripts, src/ or certkit over 60 lines
-    (several jobs in one), and store.resume gathering more than 4 parameters again (its options belong in
+    (several jobs in one), and manager.resume gathering more than 4 parameters again (its options belong in
     ResumeOptions)."""
     run_py = SCRIPTS / "run.py"
     assert len(run_py.read_text().splitlines()) <= 120
@@ -184,9 +203,29 @@ def test_run_py_stays_short_and_no_function_does_several_jobs():
                 if lines > (40 if path == run_py else 60):
                     long.append(f"{path.relative_to(REPO)}:{node.name} ({lines} lines)")
     assert not long
-    resume = next(n for n in ast.parse((SRC / "mmkit" / "store.py").read_text()).body
+    resume = next(n for n in ast.parse((SRC / "mmkit" / "checkpoint" / "manager.py").read_text()).body
                   if isinstance(n, ast.FunctionDef) and n.name == "resume")
     assert len(resume.args.args) + len(resume.args.kwonlyargs) <= 4
+
+
+@pytest.mark.quick
+def test_run_py_loads_once_and_saves_once_through_the_checkpoint_manager():
+    """Catches: a second way into or out of a checkpoint growing back into run.py (issue 49 counted two loads,
+    store.resume and resume_newest, and three saves, save_atomic among them), or run.py reaching past the
+    manager into the checkpoint package's modules, or calling torch's save or load itself."""
+    tree = ast.parse((SCRIPTS / "run.py").read_text())
+    taken = [(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+             and (n.module or "").startswith("mmkit.checkpoint") for a in n.names]
+    assert taken == [("mmkit.checkpoint.manager", "CheckpointManager")], taken
+    managers = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                and getattr(n.value.func, "id", "") == "CheckpointManager" for t in n.targets}
+    assert managers, "run.py builds no CheckpointManager"
+    called = [n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+              and getattr(n.func.value, "id", "") in managers]
+    assert (called.count("load"), called.count("save")) == (1, 1), called
+    by_torch = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in ("save", "load")
+                and getattr(n.value, "id", "") == "torch"]
+    assert not by_torch and "torch" not in imported(SCRIPTS / "run.py", "mmkit"), by_torch
 
 
 @pytest.mark.quick

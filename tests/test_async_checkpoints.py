@@ -16,7 +16,7 @@ from test_preemption import (DDP_ENV, EVERY, STEPS, assert_same_as_uninterrupted
                              ddp_job, killed_after_step, newest_checkpoint, resumed_step, run,
                              signal_torchrun_after_step, train_cmd, uninterrupted)
 
-from mmkit.checkpoint import host_snapshot
+from mmkit.checkpoint.files import host_snapshot
 from mmkit.model import MiniMindForCausalLM, ModelConfig
 
 __all__ = ["ddp_job", "uninterrupted"]  # fixtures of test_preemption, used here

@@ -3,7 +3,7 @@
 whose script imports it, and what follows from their outputs, and nothing else.
 
 The breakage these tests catch is a list of modules that misses one the script imports, as the hand-kept
-lists did: checkpoint.py imports failpoint.py, which the rules of the scripts importing checkpoint.py
+lists did: checkpoint.py (now checkpoint/files.py) imports failpoint.py, which the rules of the scripts importing it
 (fp16, bf16, inference, optim, resume_fp16, divergence, report, dist_divergence) did not declare, and
 the training rules missed resume.py, store.py and fingerprint.py as soon as run.py's modules imported
 them: an edit to one left those artifacts stale while they looked finished. The expected importers come
@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, snakemake
 
-MODULES = sorted(p.name for p in (REPO / "src" / "mmkit").glob("*.py"))
+MMKIT = REPO / "src" / "mmkit"
+MODULES = sorted(p.relative_to(MMKIT).as_posix() for p in MMKIT.rglob("*.py"))  # checkpoint/manager.py too
 
 
 def jobs(proc) -> dict:
@@ -50,8 +51,9 @@ def finder(script: Path) -> ModuleFinder:
 
 
 def imported_modules(script: Path) -> set:
-    """The package's files SCRIPT imports."""
-    return {Path(m.__file__).name for name, m in finder(script).modules.items()
+    """The package's files SCRIPT imports, by their path in the package (data.py, checkpoint/manager.py)."""
+    package = script.parents[2] / "src" / "mmkit"
+    return {Path(m.__file__).relative_to(package).as_posix() for name, m in finder(script).modules.items()
             if (name == "mmkit" or name.startswith("mmkit.")) and m.__file__}
 
 
@@ -122,7 +124,7 @@ def test_every_job_declares_exactly_the_modules_its_script_imports(copy):
     for job, (inputs, _, shell) in jobs(snakemake(work, "-n", "-p", "--forceall", "all", "dist")).items():
         if not scripts_of(shell, work):
             continue
-        declared = {Path(f).name for f in inputs if Path(f).parent.name == "mmkit"}
+        declared = {m[1] for f in inputs if (m := re.search(r"(?:^|/)src/mmkit/(.+)$", f))}
         assert declared == imported_by(shell, work), job
         checked += 1
     assert checked > 30  # every training, dist/ and analysis job, and the settings files

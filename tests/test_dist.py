@@ -184,7 +184,7 @@ def edited_dir(src: Path, dest: Path, shards=None, meta=None) -> Path:
     only the check of the edited entry can refuse it, never the sha256 comparison behind it."""
     import torch.distributed.checkpoint as dcp
     from mmkit.atomic import sha256_file
-    from mmkit.resume import seal
+    from mmkit.checkpoint.entries import seal
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     if shards:
@@ -317,7 +317,7 @@ class _Marker:
 def test_a_metadata_pickle_that_runs_code_is_refused(build, pipeline, tmp_path):
     """Catches: DCP's own pickle.load of .metadata (it runs the file's code), even when the attacker also
     rewrote the manifest so that every sha256 matches."""
-    from mmkit.checkpoint import digest
+    from mmkit.checkpoint.files import digest
 
     dist = build("fsdp2/resume.dcp")
     marker = tmp_path / "marker"
@@ -345,7 +345,7 @@ def test_the_dcp_reader_refuses_a_metadata_pickle_that_runs_code(tmp_path):
     """Catches: the reader DCP loads through (_SafeReader.read_metadata) unpickling .metadata with pickle.load.
     The test above never gets that far (read_resume_dir refuses the file first), so this one calls it directly."""
     from mmkit.errors import UserError
-    from mmkit.sharded import _SafeReader
+    from mmkit.checkpoint.dcp import _SafeReader
 
     marker = tmp_path / "marker"
     d = tmp_path / "resume.dcp"
@@ -366,7 +366,7 @@ def test_the_dcp_load_planner_refuses_a_value_pickle_that_runs_code(tmp_path):
     _SafeLoadPlanner.load_bytes without weights_only; and a planner that refuses plain values too."""
     import io
 
-    from mmkit.sharded import _SafeLoadPlanner
+    from mmkit.checkpoint.dcp import _SafeLoadPlanner
 
     planner = _SafeLoadPlanner()
     state = {"optimizer": {"lr": 0.0}}

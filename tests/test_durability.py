@@ -14,7 +14,7 @@ import torch
 from conftest import (SCRIPTS, assert_same_state_dict, clean_env, copy_workflow, run_script, same_state_dict,
                       snakemake)
 
-from mmkit.checkpoint import save_atomic
+from mmkit.checkpoint.files import save_atomic
 from mmkit.errors import UserError
 
 def state_for(seed: int) -> dict:

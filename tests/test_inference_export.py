@@ -14,7 +14,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 from conftest import REPO as ROOT, run_script  # noqa: E402
-from mmkit.checkpoint import cast_state_dict  # noqa: E402
+from mmkit.checkpoint.files import cast_state_dict  # noqa: E402
 from mmkit.config import load_config, model_config  # noqa: E402
 from mmkit.model import MiniMindForCausalLM  # noqa: E402
 

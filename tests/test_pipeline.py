@@ -12,7 +12,7 @@ import torch
 import yaml
 from conftest import TINY, assert_same_state_dict, run_script, same_state_dict
 
-from mmkit.checkpoint import cast_state_dict
+from mmkit.checkpoint.files import cast_state_dict
 from mmkit.config import load_config, model_config
 from mmkit.model import MiniMindForCausalLM
 

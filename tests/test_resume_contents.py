@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from in_process import refusal as refused_in_process
 from in_process import until_first_step
 from mmkit.errors import UserError
-from mmkit.resume import seal
+from mmkit.checkpoint.entries import seal
 
 
 

@@ -7,13 +7,8 @@ Modules, by what they hold:
   parallel.py       several ranks under torchrun: process group, batch shares, the wrapped model
   config.py         the experiment's configuration: one schema, one loader
   fingerprint.py    the settings a bit-exact continuation depends on
-  resume.py         what a resume holds: the table of entries, each a piece of training state
+  checkpoint/       every save and load of a job's state, through one door (its modules: checkpoint/__init__)
   ablations.py      a resume that forgets (or re-derives) one piece, as buggy resume code does
-  store.py          saving and loading a resume: one file, or DCP shards under FSDP2
-  sharded.py        the FSDP2 resume: a folder of DCP shards, committed whole
-  checkpoint.py     checkpoint files: saved, read back, compared
-  checkpoint_dir.py a job's folder of checkpoints: where each goes, which are committed, which go
-  checkpointer.py   the checkpoint policy the loop calls after every step
   atomic.py         committing any file: whole or not at all, durable when the call returns
   preemption.py     a scheduler's stop signals, acted on after a step
   failpoint.py      fault injection for the tests

@@ -1,8 +1,8 @@
 """The ablations: a resume that forgets (or re-derives) a piece of its state, as buggy resume code does.
 
-Each Ablation names the entries of the resume (mmkit.resume.ENTRIES) it throws away: they are named on
+Each Ablation names the entries of the resume (mmkit.checkpoint.entries.ENTRIES) it throws away: they are named on
 stderr, not checked, not put back. Its apply() then says where the run continues instead: the data from
-the start, from the epoch's first batch, or from MiniMind's rescaled step. mmkit.store.resume calls it
+the start, from the epoch's first batch, or from MiniMind's rescaled step. mmkit.checkpoint.manager.resume calls it
 after the rest of the resume is put back; the resume's I/O knows nothing of any of them.
 """
 

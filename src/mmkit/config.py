@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import jsonschema
 import yaml
 
-from .checkpoint_dir import CheckpointConfig
+from .checkpoint.folder import CheckpointConfig
 from .errors import AT_SUCCESS, UserError
 
 if TYPE_CHECKING:  # imported where they are built: the Snakefile checks the config without importing torch

@@ -352,10 +352,11 @@ class EpochBatches(DataPosition):
 class Expected:
     """What a resume of this run must hold: a step before LAST_STEP (the last this run trains), and after it
     the data position and the window generator's state, both after the batches read by then, less `lag`
-    (the batches an ablation rewound). The resume's checks (mmkit.resume) ask it; it reads no tokens."""
+    (the batches an ablation rewound). The resume's checks (mmkit.checkpoint.entries) ask it; it reads no tokens."""
 
     def __init__(self, plan: StepPlan, seed: int, batches, last_step: int):
         self.plan, self.seed, self.batches, self.last_step, self.lag = plan, seed, batches, last_step, 0
+        self.schedule_offset = 0  # micro-batches the LR schedule is behind: the nosched ablation's shift
 
     def position(self, step):
         return self.plan.position(self.plan.consumed(step) - self.lag)
@@ -367,10 +368,12 @@ class Expected:
         consumed = self.plan.consumed(step) - self.lag
         return generator_at(self.seed, consumed, len(b.tokens), b.batch_size, b.seq_len).get_state()
 
-    def rewound_from(self, step: int, position: dict) -> None:
-        """The ablations that shift the data position keep shifting it after a restart."""
+    def rewound_from(self, step: int, position: dict, schedule_restarted: bool = False) -> None:
+        """After a resume at STEP: the ablations that shift the data position (or restart the LR schedule,
+        SCHEDULE_RESTARTED) keep them shifted, after a restart too."""
         self.lag = self.plan.consumed(step) - (position["epoch"] * (self.plan.batches_per_epoch or 0)
                                                + position["batch"])
+        self.schedule_offset = self.plan.consumed(step) if schedule_restarted else 0
 
 
 # --- what a training job reads ---------------------------------------------------------------------

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .atomic import write_atomic, write_text_atomic
-from .checkpoint import cast_state_dict
+from .checkpoint.files import cast_state_dict
 from .errors import UserError
 from .model import ModelConfig
 

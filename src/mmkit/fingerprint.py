@@ -27,7 +27,7 @@ FORMAT_VERSION = 6  # 2: skipped_steps, digests, the weights' dtype; 3: origin a
 RESHARD_KEYS = ("world_size", "strategy", "batch_slices")
 # the modules whose code decides the numbers of a step (the model, the loop and its clip and LR, the batches,
 # how ranks cut and sum them): a checkpoint of other code continues other arithmetic. The resume's checks
-# (mmkit.resume) are not among them: they decide what is refused, not what is computed.
+# (mmkit.checkpoint.entries) are not among them: they decide what is refused, not what is computed.
 TRAINING_CODE = ("model.py", "train.py", "data.py", "parallel.py")
 
 

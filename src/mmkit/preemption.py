@@ -1,5 +1,5 @@
 """The signals a scheduler sends before it kills a job (SIGTERM; SLURM's --signal=USR1): noted at once, acted
-on after a step (mmkit.checkpointer checkpoints, then the job exits 75, errors.Preempted).
+on after a step (mmkit.checkpoint.manager checkpoints, then the job exits 75, errors.Preempted).
 
 Imports nothing heavy: run.py installs it before torch, so a signal that arrives while torch is imported
 or the ranks join their process group is noted too (its default action ends the process unsaved).

@@ -147,7 +147,7 @@ def what_is_saved(optim: dict, fp16: dict, resumed: dict, log_match: tuple[int, 
         "## 무엇을 저장하나",
         "",
         "재개 파일 `resume.pth`에는 다음 스텝이 의존하는 모든 것이 들어 있다. 아래 표는 재개 표"
-        "(`mmkit/resume.py`의 `ENTRIES`)와 이 실행의 `resume.pth`에서 생성했다(`resume_entries.md`). "
+        "(`mmkit/checkpoint/entries.py`의 `ENTRIES`)와 이 실행의 `resume.pth`에서 생성했다(`resume_entries.md`). "
         "`fingerprint`는 비트 단위 일치에 필요한 설정의 지문(torch 버전, 스레드 수, 장치, 모델 크기 등)이고, "
         "`digests`에는 항목마다 저장 시점의 sha256이 들어 있다.",
         "",

@@ -16,7 +16,7 @@ from .errors import NonFiniteError, UserError
 from .hardware import cpu_vendor, isa_summary, resolve_precision
 from .model import MiniMindForCausalLM
 from .parallel import Ranks
-from .resume import TrainingState
+from .checkpoint.entries import TrainingState
 
 WEIGHT_DECAY = 0.01
 # evaluation (half-precision logits, val loss) runs on 1 thread, so its numbers depend on the weights

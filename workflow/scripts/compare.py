@@ -8,7 +8,7 @@ import argparse
 import math
 import sys
 
-from mmkit.checkpoint import compare_state_dicts, count_nonfinite, load_file
+from mmkit.checkpoint.files import compare_state_dicts, count_nonfinite, load_file
 from mmkit.errors import UserError, run_cli
 
 

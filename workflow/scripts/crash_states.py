@@ -6,7 +6,7 @@
 
 The saves, of a tiny model (the protocol is what is checked, and it is the same at any size: only the
 number of writes grows), each recorded by certkit.crashstates and then crashed after every operation:
-  file        resume.pth re-saved onto its own name (store.save), continued with --resume
+  file        resume.pth re-saved onto its own name (manager.save), continued with --resume
   dcp_resave  resume.dcp re-saved onto its own name: the directory swap, continued with --resume
   prune       a periodic checkpoint file committed and the older one pruned, then auto-resume
   async       the same, written in the background (checkpoint.async)
@@ -43,9 +43,9 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from mmkit import sharded, store
+from mmkit.checkpoint import dcp, manager
 from mmkit.atomic import write_text_atomic
-from mmkit.checkpoint_dir import CheckpointConfig, CheckpointDir
+from mmkit.checkpoint.folder import CheckpointConfig, CheckpointDir
 from mmkit.config import RunConfig
 from certkit.crashstates import MAX_CUTS, Recorder, coalesced, crash_states, merged, snapshot, write_tree
 from mmkit.data import Expected, StepPlan, TrainingData
@@ -94,11 +94,11 @@ class Job:
         with contextlib.redirect_stderr(out):
             if resume_file is not None:
                 try:
-                    store.resume(resume_file, self.checker, self.expected)
+                    manager.resume(resume_file, self.checker, self.expected)
                 except UserError:
                     return 0, ""
                 return self.checker.step, resume_file.name
-            found = store.auto_resume(CheckpointDir(root, CFG.checkpoint), self.checker, self.expected)
+            found = manager.auto_resume(CheckpointDir(root, CFG.checkpoint), self.checker, self.expected)
         name = re.search(r"continuing from checkpoint \S*/(step_\d+\.\w+)", out.getvalue())
         return (self.checker.step, name.group(1)) if found else (0, "")
 
@@ -109,10 +109,10 @@ def read_back(root: Path) -> tuple[int, str]:
     present and unchanged."""
     folder = CheckpointDir(root, CFG.checkpoint)
     with contextlib.redirect_stderr(io.StringIO()):
-        store.tidy(folder)
+        manager.tidy(folder)
     for path in folder.checkpoints():
         try:
-            return store.read(path)["step"], path.name
+            return manager.read(path)["step"], path.name
         except UserError:
             continue
     return 0, ""
@@ -152,11 +152,11 @@ def record(job: Job, root: Path, save: str) -> Recorder:
 
 def write(live, path: Path, sharded_dir: bool, in_background: bool = False) -> None:
     if sharded_dir:  # in one process: the model and AdamW as FSDP2 keys them, the directory committed as there
-        state = store.entries.resume_state(live)
+        state = manager.entries.resume_state(live)
         state["model"], state["optimizer"] = get_state_dict(live.model, live.optimizer)
-        sharded.save_resume_dir(state, path, live.ranks).commit()
+        dcp.save_resume_dir(state, path, live.ranks).commit()
     else:
-        store.save(live, path, in_background).commit()
+        manager.save(live, path, in_background).commit()
 
 
 def record_rank(tokens: Path, root: Path, out: Path) -> None:
@@ -165,13 +165,13 @@ def record_rank(tokens: Path, root: Path, out: Path) -> None:
     job = Job(tokens, TWO_RANKS)
     folder = CheckpointDir(root, CFG.checkpoint)
     job.train_to(2)
-    store.save(job.live, folder.new_path(2, True)).commit()
+    manager.save(job.live, folder.new_path(2, True)).commit()
     job.train_to(4)
     recorder = Recorder(root, inode_base=job.ranks.rank << 32)
     job.ranks.barrier()  # both have read the tree as it was before either writes
     with recorder:
         path = folder.new_path(4, True)
-        store.save(job.live, path).commit()
+        manager.save(job.live, path).commit()
         if job.ranks.main:
             recorder.mark("step 4", path)
             folder.prune()

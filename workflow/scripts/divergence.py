@@ -8,7 +8,7 @@ import argparse
 import torch
 
 from mmkit.atomic import write_csv_atomic, write_text_atomic
-from mmkit.checkpoint import load_weights
+from mmkit.checkpoint.files import load_weights
 from mmkit.config import load_config, model_config
 from mmkit.data import load_tokens
 from mmkit.errors import UserError, run_cli

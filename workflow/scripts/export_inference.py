@@ -6,7 +6,7 @@ OUTDIR/config.json; the resume file stays what it is, fp32 and ours.
 
 import argparse
 
-from mmkit.checkpoint import load_weights
+from mmkit.checkpoint.files import load_weights
 from mmkit.config import load_config, model_config
 from mmkit.errors import run_cli
 from mmkit.export import write_inference_dir

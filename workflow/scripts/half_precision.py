@@ -11,7 +11,7 @@ import os
 import torch
 
 from mmkit.atomic import write_text_atomic
-from mmkit.checkpoint import cast_state_dict, load_model, load_weights, save_atomic
+from mmkit.checkpoint.files import cast_state_dict, load_model, load_weights, save_atomic
 from mmkit.config import load_config, model_config
 from mmkit.data import load_tokens
 from mmkit.errors import run_cli

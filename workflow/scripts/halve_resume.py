@@ -8,9 +8,9 @@ import argparse
 
 import torch
 
-from mmkit import store
-from mmkit.checkpoint import cast_state_dict, save_atomic
-from mmkit.resume import seal
+from mmkit.checkpoint import manager
+from mmkit.checkpoint.files import cast_state_dict, save_atomic
+from mmkit.checkpoint.entries import seal
 from mmkit.errors import run_cli
 
 
@@ -20,7 +20,7 @@ def main():
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
-    state = store.read(args.resume)
+    state = manager.read(args.resume)
     # the fingerprint says so: resuming from it is refused unless --allow-mismatch, as it is not bit-exact
     fingerprint = {**state["fingerprint"], "weights_dtype": "float16"}
     halved = {**state, "model": cast_state_dict(state["model"], torch.float16), "fingerprint": fingerprint}

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from mmkit.atomic import write_text_atomic
-from mmkit import store
+from mmkit.checkpoint import manager
 from mmkit.errors import run_cli
 from mmkit.report import read_divergence, render, render_dist, summary_table, tail_lines_equal
 
@@ -29,7 +29,7 @@ def main():
     p.add_argument("--summary", required=True, help="summary.md: the README's results table")
     args = p.parse_args()
 
-    resume = store.read(args.resume)
+    resume = manager.read(args.resume)
     fingerprint = resume["fingerprint"]
     optim = read_json(args.optim)
     timings = {Path(f).stem: read_json(f) for f in args.timing}

@@ -20,16 +20,14 @@ from mmkit.preemption import Preemption
 # torch is imported or the ranks join their process group (its default action ends the process unsaved)
 PREEMPTION = Preemption()
 
-from mmkit import store  # noqa: E402
 from mmkit.ablations import add_resume_flags, resume_options  # noqa: E402
 from mmkit.atomic import write_text_atomic  # noqa: E402
-from mmkit.checkpoint import save_atomic  # noqa: E402
-from mmkit.checkpointer import Checkpointer  # noqa: E402
+from mmkit.checkpoint.manager import CheckpointManager  # noqa: E402
 from mmkit.data import Expected, StepPlan, TrainingData  # noqa: E402
 from mmkit.errors import OneLineParser, UserError, run_cli  # noqa: E402
 from mmkit.failpoint import failpoint  # noqa: E402
 from mmkit.hardware import isa_summary  # noqa: E402
-from mmkit.parallel import start, weights  # noqa: E402
+from mmkit.parallel import start  # noqa: E402
 from mmkit.train import build, configure, train  # noqa: E402
 
 
@@ -66,52 +64,38 @@ def main():
 
 
 def prepare(args, cfg, stop_at, device, ranks):
-    """Up to the first step: the data, the model at step 0, the --resume file checked and put in (tests call it)."""
+    """Up to the first step: the data, the model at step 0, then the --resume file and the newest checkpoint
+    of this run checked and put in (tests call it)."""
     data = TrainingData(cfg, args.tokens, args.jsonl, args.tokenizer)
     live = build(cfg, device, ranks, data)
     plan = StepPlan(cfg.accumulation_steps, data.batches_per_epoch)
     last_step = cfg.steps if stop_at is None else stop_at
     expected = Expected(plan, cfg.seed, live.batches, last_step)
-    if args.resume:
-        store.resume(args.resume, live, expected, args.options)
-    return live, plan, expected, last_step
+    checkpoints = CheckpointManager(live, cfg.checkpoint, args.checkpoint_dir, PREEMPTION)
+    checkpoints.load(expected, args.resume, args.options)
+    return live, plan, expected, last_step, checkpoints
 
 
 def run(args, cfg, stop_at, device, ranks):
-    live, plan, expected, last_step = prepare(args, cfg, stop_at, device, ranks)
-    # the ablations that shift the LR schedule or the data position (in micro-batches) keep them shifted
-    schedule_offset = plan.consumed(live.step) if args.options.restarts_schedule else 0
-    expected.rewound_from(live.step, live.batches.position)
-    with Checkpointer(args.checkpoint_dir, cfg.checkpoint, live, PREEMPTION) as checkpointer:
-        checkpointer.resume_newest(expected)
-        first_step = live.step + 1
-        if not first_step <= last_step <= cfg.steps:
-            raise UserError(f"nothing to train: steps {first_step}..{last_step} of {cfg.steps}")
+    live, plan, expected, last_step, checkpoints = prepare(args, cfg, stop_at, device, ranks)
+    first_step = live.step + 1
+    if not first_step <= last_step <= cfg.steps:
+        raise UserError(f"nothing to train: steps {first_step}..{last_step} of {cfg.steps}")
+    with checkpoints:
         t0 = time.perf_counter()
-        for step in train(cfg, device, live, plan, last_step, schedule_offset):
+        for step in train(cfg, device, live, plan, last_step, expected.schedule_offset):
             failpoint(f"step{step}")  # the tests kill one rank here, mid-run
-            checkpointer.after_step(step, last_step)
+            checkpoints.after_step(step, last_step)
         seconds = time.perf_counter() - t0
-    write_outputs(args, cfg, live, stop_at)
+        checkpoints.save(args.out, weights_only=stop_at is None)  # the resume file (--stop-at), or the weights
+    if ranks.main and args.log:
+        write_text_atomic(args.log, "step,train_loss\n" + "".join(f"{s},{v:.6f}\n" for s, v in live.loss_log))
     if ranks.main and args.timing:
         timing = {"first_step": first_step, "last_step": last_step, "skipped_steps": live.skipped_steps,
                   "train_seconds": seconds, "world_size": ranks.world_size,
                   "threads": cfg.threads, "device": device, "precision": cfg.precision, "cpu": isa_summary()}
         write_text_atomic(args.timing, json.dumps(timing, indent=2) + "\n")
-    checkpointer.done()
-
-
-def write_outputs(args, cfg, live, stop_at):
-    """The resume file (--stop-at) or the weights file, and the loss log."""
-    if stop_at is not None:
-        store.save(live, args.out, in_background=cfg.checkpoint.async_save).commit()
-    else:
-        final = weights(live.model, live.ranks)
-        if live.ranks.main:
-            save_atomic(final, args.out)
-        live.ranks.barrier()
-    if live.ranks.main and args.log:
-        write_text_atomic(args.log, "step,train_loss\n" + "".join(f"{s},{v:.6f}\n" for s, v in live.loss_log))
+    checkpoints.done()
 
 
 if __name__ == "__main__":

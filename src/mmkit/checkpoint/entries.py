@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import fingerprint
-from .checkpoint import check_fits, count_nonfinite, digest
-from .errors import UserError
-from .parallel import Ranks, model_state, optimizer_state, unwrap
+from .. import fingerprint
+from .files import check_fits, count_nonfinite, digest
+from ..errors import UserError
+from ..parallel import Ranks, model_state, optimizer_state, unwrap
 
 
 class LossLog(list):
@@ -376,7 +376,7 @@ def resume_state(live: TrainingState) -> dict:
     """Everything step+1 depends on. Leave one out and the resumed run silently differs.
 
     One file at world size 1 and under DDP (sealed as it is saved); under FSDP2 the sharded entries go to DCP
-    files and the rest, sealed, to the directory's resume.pth (mmkit.sharded).
+    files and the rest, sealed, to the directory's resume.pth (mmkit.checkpoint.dcp).
     """
     return {e.name: e.piece(live).state_dict() for e in ENTRIES}
 

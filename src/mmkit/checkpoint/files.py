@@ -2,8 +2,8 @@
 
 Two kinds of file, kept apart as in MiniMind's lm_checkpoint:
   weights file  - the model's state_dict only (what inference needs; may be saved in half precision)
-  resume file   - everything the next step depends on, in fp32 (what it holds: mmkit.resume; mmkit.store
-                  saves and reads it)
+  resume file   - everything the next step depends on, in fp32 (what it holds: entries; the manager saves
+                  and reads it)
 """
 
 import hashlib
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from .atomic import write_atomic
-from .errors import UserError
-from .failpoint import failpoint
+from ..atomic import write_atomic
+from ..errors import UserError
+from ..failpoint import failpoint
 
 # --- committing files (mmkit.atomic does the committing) ---------------------------------------
 

@@ -1,7 +1,7 @@
 """The resume state of a sharded (FSDP2) run: a directory of DCP shards, committed whole, read back safely.
 
 No single process holds the full state, so each rank writes its shards with torch.distributed.checkpoint
-(DCP). The directory holds the entries of mmkit.resume.ENTRIES, split in two:
+(DCP). The directory holds the entries of mmkit.checkpoint.entries.ENTRIES, split in two:
   the DCP files (.metadata, __<rank>_0.distcp)  the "model" and "optimizer" entries, sharded
   resume.pth                                    every other entry, a manifest (sha256 of each DCP file)
                                                 and the digests; written by rank 0 last
@@ -26,11 +26,11 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
 
-from .atomic import fsync_path, sha256_file
-from .checkpoint import digest, load_file
-from .errors import UserError
-from .failpoint import failpoint
-from .resume import (ENTRIES, NAMES, adamw_state_refusal, check_types, groups_refusal, seal, sealed,
+from ..atomic import fsync_path, sha256_file
+from .files import digest, load_file
+from ..errors import UserError
+from ..failpoint import failpoint
+from .entries import (ENTRIES, NAMES, adamw_state_refusal, check_types, groups_refusal, seal, sealed,
                      weights_refusal)
 
 META = "resume.pth"
@@ -228,7 +228,7 @@ def _copies(tree):
 
 def loaded_refusal(state: dict, built_groups: list, updates: int) -> str | None:
     """Why this rank's shards cannot be continued from (None: they can): the file path's checks of values
-    (mmkit.resume), on this rank's shards."""
+    (mmkit.checkpoint.entries), on this rank's shards."""
     refusal = weights_refusal(state["model"])
     if refusal or "optimizer" not in state:
         return refusal and f"entry 'model' {refusal}"

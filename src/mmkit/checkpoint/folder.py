@@ -2,10 +2,10 @@
 
 A job writes a resume file into it every checkpoint.every steps (step_000040.pth, or step_000040.dcp under
 FSDP2), keeps the newest checkpoint.keep of its own, and on start continues from the newest one of its own
-run (mmkit.store.auto_resume). What it skipped there (another run's checkpoints, damaged ones) goes once it
+run (mmkit.checkpoint.manager.auto_resume). What it skipped there (another run's checkpoints, damaged ones) goes once it
 has committed one of its own: never before, so that a folder is never left with none. The folder is never
 an output Snakemake knows of: a failed job's outputs are deleted, the folder must survive exactly then.
-When to save is mmkit.checkpointer's to decide.
+When to save is mmkit.checkpoint.manager's to decide.
 """
 
 import re
@@ -14,14 +14,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 
 NAME = re.compile(r"^step_(\d{6,})\.(pth|dcp)$")
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    every: int | str = 0  # steps between checkpoints; 0 = only on a signal; "auto": mmkit.checkpointer measures
+    every: int | str = 0  # steps between checkpoints; 0 = only on a signal; "auto": mmkit.checkpoint.manager measures
     keep: int = 2  # the newest this many stay
     keep_when_done: bool = False  # a finished job removes its folder unless this is set
     async_save: bool = False  # write it in the background while training goes on (checkpoint.async)
@@ -76,7 +76,7 @@ class CheckpointDir:
 
     def interrupted_swaps(self) -> list[Path]:
         """The names a re-save's directory swap left without its directory (a .tmp or .old beside nothing):
-        mmkit.sharded.recover makes them whole before the leftovers go."""
+        mmkit.checkpoint.dcp.recover makes them whole before the leftovers go."""
         names = {p.with_suffix("") for p in self.unfinished() if p.name.endswith((".dcp.tmp", ".dcp.old"))}
         return sorted(n for n in names if not n.exists())
 
