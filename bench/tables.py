@@ -82,7 +82,7 @@ def render_markdown(rows: list, header: list) -> str:
                    [[r["what"], r["dims"], f"{r['mb']:.0f}", ms_cell(r), f"{r['mb_per_s']:.0f}",
                      fmt(r.get("vs_torch_save"), ".2f"), fmt(r.get("vs_dd_fsync"), ".2f"),
                      fmt(r.get("vs_no_mmap"), ".3f")] for r in rows if r["section"] in ("save", "load")],
-                   "save_atomic = mmkit.checkpoint.save_atomic (write PATH.tmp, asking the kernel to start writeback "
+                   "save_atomic = mmkit.checkpoint.files.save_atomic (write PATH.tmp, asking the kernel to start writeback "
                    "every 8 MB as it goes, flush, fsync, os.replace, fsync the "
                    "directory): durable. torch_save = torch.save(obj, path): returns once the bytes are in the page "
                    "cache, NOT durable. dd_fsync = `dd if=/dev/zero bs=1M count=<file size in MiB, rounded> "
