@@ -181,7 +181,6 @@ def bench_recovery(dims: str, work: Path) -> dict:
 def resume_in_process(config: Path, tokens: Path, checkpoints: Path, newest: Path) -> tuple:
     """(build, read, auto-resume) seconds, as run.py does them: the model, AdamW and data built, the newest
     checkpoint read, then auto-resume (read again, every entry checked, put back)."""
-    from mmkit.checkpoint.folder import CheckpointDir
     from mmkit.config import load_config, run_config
     from mmkit.data import Expected, StepPlan, TrainingData
     from mmkit.parallel import start
@@ -198,9 +197,8 @@ def resume_in_process(config: Path, tokens: Path, checkpoints: Path, newest: Pat
     read = time.perf_counter() - t0
     expected = Expected(StepPlan(cfg.accumulation_steps, data.batches_per_epoch), cfg.seed, live.batches,
                         cfg.steps)
-    expected.rewound_from(live.step, live.batches.position)
     t0 = time.perf_counter()
-    manager.auto_resume(CheckpointDir(checkpoints, cfg.checkpoint), live, expected)
+    manager.CheckpointManager(live, cfg.checkpoint, checkpoints).load(expected)  # run.py's one load
     return built, read, time.perf_counter() - t0
 
 

@@ -152,8 +152,8 @@ def identity(path) -> str:
 
 
 def checked_by_storage(path) -> tuple:
-    """A directory's sharded entries are checked shard by shard as they load (mmkit.checkpoint.dcp.load_sharded),
-    after the manifest's sha256 and the dtypes .metadata records (read)."""
+    """A directory's sharded entries are checked shard by shard as they load (dcp.load_sharded), after the
+    manifest's sha256 and the dtypes .metadata records (read)."""
     return tuple(e.name for e in entries.ENTRIES if e.sharded) if is_dir(path) else ()
 
 
@@ -161,7 +161,7 @@ def put(path, saved: dict, live: entries.TrainingState, skip=(), same_run: bool 
     """Every entry not in SKIP into LIVE: a directory's sharded entries straight from its shards."""
     if is_dir(path):
         _dcp().load_sharded(path, live.model, live.optimizer, live.ranks, entries.updates_of(saved),
-                                load_optimizer="optimizer" not in skip)
+                            load_optimizer="optimizer" not in skip)
         skip = tuple(skip) + checked_by_storage(path)
     entries.put(saved, live, skip, same_run)
 
@@ -197,7 +197,7 @@ def resume(path, live: entries.TrainingState, expected, options: ResumeOptions =
 
 
 def recovered(path) -> None:
-    """PATH as a re-save's directory swap onto it left it, made whole (mmkit.checkpoint.dcp.recover), with a line."""
+    """PATH as a re-save's directory swap onto it left it, made whole (dcp.recover), with a line."""
     done = _dcp().recover(path)
     if done:
         print(f"checkpoints: {done}", file=sys.stderr, flush=True)
@@ -334,7 +334,7 @@ class CheckpointManager:
         """The pending checkpoint made whole: only then may older ones go."""
         pending, self.pending = self.pending, None
         pending.commit()
-        if self.ranks.main and self.dir:
+        if self.ranks.main:
             self.dir.prune()
 
     def __enter__(self):
