@@ -284,14 +284,19 @@ def test_a_refused_resume_or_a_scenario_the_script_cannot_run_is_the_cells_resul
 
 
 @pytest.mark.quick
-def test_a_control_is_caught_only_in_the_optimizer_at_the_step_after_the_cut_and_a_failed_one_is_not():
+def test_a_control_is_caught_only_in_the_optimizer_at_the_step_after_the_cut_and_an_unjudgeable_one_is_not():
     """Catches: a control called caught at another step or in another piece (a weight changed later is no
     proof that the certificate sees the optimizer), a control run that fails passed off as caught, a control
-    run without the repairs its cell needed, a summary that counts controls it did not check."""
+    run without the repairs its cell needed, a summary that counts controls it did not check; a control whose
+    resume already differs at the step after the cut (its optimizer state too) called caught or NOT caught:
+    it is inconclusive, and not run."""
     from certkit import recorder, runs
 
     straight = {0: {s: {"rank": 0, "step": s, **{p: f"{p}@{s}" for p in recorder.PIECES}} for s in range(1, 7)}}
     found = {"stop_after": 3, "last_step": 6, "not_compared": [], "repair": {"restored": ["samples"]}}
+    exact = {0: {s: dict(straight[0][s]) for s in range(4, 7)}}  # the repaired run, not emptied
+    lossy = {0: {s: {**straight[0][s], "params_in": "fp16", "optimizer": "other", "params": "other"}
+                 for s in range(4, 7)}}
 
     def control_run(step, piece, code=0):
         def run(pieces):
@@ -301,15 +306,27 @@ def test_a_control_is_caught_only_in_the_optimizer_at_the_step_after_the_cut_and
             return code, rows, {}
         return run
 
+    def never_run(pieces):
+        raise AssertionError("a control that cannot be judged was run")
+
     cases = [(4, "optimizer", 0), (4, "params", 0), (5, "optimizer", 0), (4, "optimizer", 1)]
-    outcomes = {case: runs.controlled(found, straight, control_run(*case)) for case in cases}
-    assert [o["caught"] for o in outcomes.values()] == [True, False, False, False]
+    outcomes = {case: runs.controlled(found, straight, control_run(*case), exact) for case in cases}
+    assert [o["caught"] for o in outcomes.values()] == [True, False, False, None]
+    assert [o["outcome"] for o in outcomes.values()] == ["caught", "not caught", "not caught", "inconclusive"]
     assert "failed" in outcomes[4, "optimizer", 1]["why"]
-    controls = [audit.control_of(f, {"stop_after": 3, "control": outcomes[key]})
-                for f, key in (("own", (4, "optimizer", 0)), ("accelerate", (4, "params", 0)))]
+    unjudged = runs.controlled(found, straight, never_run, lossy)
+    assert (unjudged["outcome"], unjudged["caught"]) == ("inconclusive", None)
+    assert "already differs at step 4, rank 0 (the parameters the step starts from)" in unjudged["why"]
+    controls = [audit.control_of(f, {"stop_after": 3, "control": control})
+                for f, control in (("own", outcomes[4, "optimizer", 0]), ("accelerate", outcomes[4, "params", 0]),
+                                   ("lightning", unjudged))]
     rows = [{"framework": f, "version": "-", "torch": "2", "scenario": SCENARIO, "exact": True, "repair_exact": "",
-             "cause": "", "first_step": "", "first_state": ""} for f in ("own", "accelerate")]
-    assert "1 of 2 caught at the first step after the cut" in audit.summary_table(rows, controls, {})
+             "cause": "", "first_step": "", "first_state": ""} for f in ("own", "accelerate", "lightning")]
+    assert "1 of 3 caught at the first step after the cut" in audit.summary_table(rows, controls, {})
+    assert "lightning: inconclusive" in audit.summary_table(rows, controls, {})
+    section = audit.report_section(rows, controls)
+    assert "accelerate: first difference" in section and "NOT caught" in section
+    assert "lightning: inconclusive (the repaired run already differs at step 4" in section
 
 
 def test_an_unknown_framework_in_the_config_is_one_line_naming_the_key(built):

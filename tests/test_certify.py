@@ -9,9 +9,12 @@ bug (a forgotten generator changes the next batch; rank 1's forgotten RNG change
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
+import jsonschema
 import numpy as np
 import pytest
 import torch
@@ -307,13 +310,22 @@ def test_a_forward_on_the_meta_device_runs_to_its_end_unrecorded_and_the_resume_
 
 def test_weights_restored_from_fp16_are_named_the_parameters_the_step_starts_from(tmp_path):
     """Catches: a lossy weight restore named by its consequence (the gradients of step K + 1) because the
-    parameters are digested only after the update; a recorder that does not read them before the step."""
+    parameters are digested only after the update; a recorder that does not read them before the step; a
+    negative control called NOT caught (certify blind) where the resume already differs at K + 1, optimizer
+    state included: it is inconclusive."""
     command = [sys.executable, PROGRAMS / "litgpt_style.py", "--out_dir", "{run}", "--max_steps", "6",
                "--save_dtype", "float16"]
-    proc, verdict = certify(tmp_path, 3, command, "--resume {run}/step-{step}/lit_model.pth")
+    proc, verdict = certify(tmp_path, 3, command, "--resume {run}/step-{step}/lit_model.pth", "--control")
     assert proc.returncode == 1, proc.stderr[-2000:]
     first = verdict["first"]
     assert (first["step"], first["rank"], first["piece"]) == (4, 0, "params_in")
+    # the resumed run's optimizer state differs at step 4 already: the control cannot show there, and says so
+    control = verdict["control"]
+    assert (control["outcome"], control["caught"]) == ("inconclusive", None), control
+    assert "already differs at step 4" in control["why"] and not (tmp_path / "control.log").exists()
+    said = (tmp_path / "verdict.md").read_text()
+    assert "**inconclusive**" in said and "NOT caught" not in said + proc.stdout
+    jsonschema.validate(verdict, json.loads((Path(SITE).parent / "verdict.schema.json").read_text()))
     # the file the resume read holds the weights as fp16 (the same script saving fp32 is exact: the test above)
     state = torch.load(tmp_path / "runs" / "resumed" / "step-3" / "lit_model.pth", weights_only=True)["model"]
     assert {v.dtype for v in state.values()} == {torch.float16}
@@ -367,6 +379,65 @@ def test_runs_that_share_a_checkpoint_folder_are_refused_naming_the_file(tmp_pat
     assert proc.returncode == 2 and verdict is None, proc.stderr[-2000:]
     refusal = next(line for line in lines if line.startswith("certify: "))
     assert str(work / "checkpoints" / "ckpt_4.pt") in refusal and "straight run wrote" in refusal
+
+
+def test_an_auto_resume_from_a_fixed_folder_is_refused_naming_the_straight_runs_checkpoint(tmp_path):
+    """Catches: a rule that lets a run read another run's checkpoint (the program resumes by itself from the
+    newest file in ./checkpoints: the stopped run would continue the straight run's training from its last
+    step), or one that names no file."""
+    work = tmp_path / "work"
+    work.mkdir()
+    proc, verdict = certify(tmp_path / "out", 4, [sys.executable, PROGRAMS / "epochs_autoresume.py", "checkpoints"],
+                            cwd=work)
+    refusal = next(line for line in proc.stderr.splitlines() if line.startswith("certify: "))
+    assert proc.returncode == 2 and verdict is None, proc.stderr[-2000:]
+    assert f"the stopped run read {work / 'checkpoints' / 'ckpt_12.pt'}" in refusal
+    assert "after its first optimizer step" in refusal
+
+
+@pytest.mark.parametrize("program", ["datasets_map", "prepare_beside"])
+def test_data_every_run_prepares_before_training_is_no_shared_checkpoint(tmp_path, program):
+    """Catches: a refusal (exit 2) of a sound command whose runs share what they prepared before training:
+    datasets' Arrow files and locks in a cache_dir named without "cache" (/scratch/hf_datasets), fresh at the
+    start, and a tokenized train.bin that a nanoGPT-style script writes beside itself on its first run. Each
+    program resumes exactly; its final weights, written by two processes, are compared tensor by tensor."""
+    work = tmp_path / "work"
+    work.mkdir()
+    if program == "datasets_map":
+        (work / "train.jsonl").write_text("".join(json.dumps({"text": f"line {i}: the cat sat on mat {i * 7}"}) + "\n"
+                                                  for i in range(32)))
+        command = [sys.executable, PROGRAMS / "datasets_map.py", "--train_file", work / "train.jsonl",
+                   "--cache_dir", work / "hf_datasets", "--output_dir", "{run}"]
+        resume, shared = "--resume_from_checkpoint {run}/step_{step}.pt", work / "hf_datasets"
+    else:
+        shutil.copy(PROGRAMS / "prepare_beside.py", work)
+        command, resume = [sys.executable, work / "prepare_beside.py", "--out_dir", "{run}"], "--resume {run}/ckpt_{step}.pt"
+        shared = work / "train.bin"
+    assert "cache" not in str(shared).lower()  # the name rule does not pass it
+    proc, verdict = certify(tmp_path / "out", 4, command, resume, cwd=work)
+    assert proc.returncode == 0 and verdict["exact"], proc.stderr[-2000:]
+    reads = "".join(p.read_text() for p in (tmp_path / "out" / "resumed").glob("reads.*.txt"))
+    assert str(shared) in reads  # the resumed run did read what the straight run prepared
+    final = final_checkpoint(tmp_path / "out", "final.pt")
+    assert_same_state_dict(final["straight"], final["resumed"])
+
+
+@pytest.mark.quick
+def test_a_read_is_shared_when_written_after_the_first_step_outside_a_cache(tmp_path):
+    """Catches: a rule that refuses a file written before the straight run's first optimizer step (a
+    preprocessing product), passes one written after it, or ignores a cache a variable names
+    (HF_DATASETS_CACHE=/scratch/hf_datasets, where a Trainer's evaluation may map a dataset mid-training)."""
+    from certkit.runs import shared_read, training_began
+
+    rows = {0: {1: {"time_ns": 500}, 2: {"time_ns": 600}}, 1: {1: {"time_ns": 450}}}
+    began = training_began(rows, 100)
+    assert began == 450 and training_began({0: {1: {"step": 1}}}, 100) == 100  # rows without a time: the start
+    reads = "\n".join(["300\t/scratch/hf_datasets/lock", "449\t/work/train.bin", "700\t/scratch/hf_datasets/x.arrow",
+                       "900\t/work/out/ckpt_2.pt", "2000\t/work/after.pt"])
+    assert shared_read(reads, began, 1000, env={}) == "/scratch/hf_datasets/x.arrow"
+    assert shared_read(reads, began, 1000, env={"HF_DATASETS_CACHE": "/scratch/hf_datasets"}) == "/work/out/ckpt_2.pt"
+    assert shared_read(reads, began, 800, env={"HF_DATASETS_CACHE": "/scratch/hf_datasets"}) is None
+    assert shared_read("450\t/home/u/.cache/x.pt", began, 1000, env={}) is None
 
 
 def test_run_py_saves_survive_a_crash_at_every_file_event_and_every_power_loss_state(tmp_path):

@@ -261,7 +261,9 @@ def control_of(framework: str, found: dict) -> dict:
     first = {"step": found["stop_after"] + 1, "piece": CONTROL_PIECE} if control["caught"] else control["first"] or {}
     return {"framework": framework, "version": version(framework), "scenario": CONTROL_SCENARIO,
             "control": "optimizer state emptied", "repairs": control["restored"], "cut": found["stop_after"],
-            "first_step": first.get("step"), "first_state": first.get("piece"), "caught": control["caught"]}
+            "first_step": first.get("step"), "first_state": first.get("piece"), "caught": control["caught"],
+            "outcome": control.get("outcome", "caught" if control["caught"] else "not caught"),
+            "why": control.get("why", "")}
 
 
 # --- the matrix ---------------------------------------------------------------------------------------
@@ -350,8 +352,9 @@ def summary_table(rows: list, controls: list, fp16: dict) -> str:
               f"{STEPS} optimizer steps, cut per scenario; max |Δw| and causes in matrix.csv."]
     caught = [c for c in controls if c["caught"]]
     lines.append(f"Negative controls (optimizer state emptied): {len(caught)} of {len(controls)} caught at the "
-                 "first step after the cut (" + ", ".join(f"{c['framework']}: step {c['first_step']} "
-                                                          f"{c['first_state']}" for c in controls) + ").")
+                 "first step after the cut (" + ", ".join(f"{c['framework']}: " + (
+                     f"step {c['first_step']} {c['first_state']}" if c["outcome"] != "inconclusive" else "inconclusive")
+                     for c in controls) + ").")
     if fp16:
         lines.append("fp16 on CPU, as trained (its straight weights bit for bit those of the fp32 or bf16 run): "
                      + ", ".join(f"{f}: {how}" for f, how in fp16.items()) + ".")
@@ -396,8 +399,10 @@ def report_section(rows: list, controls: list) -> str:
             lines.append(f"| {r['framework']} | {r['scenario']} | {SCENARIOS[r['scenario']].cut} | {r['first_step']} "
                          f"| {r['first_state']} | {r['cause']} |")
     lines += ["", "Negative controls, each framework's resume with its optimizer state emptied before the first update:"]
-    lines += [f"- {c['framework']}: first difference at step {c['first_step']} ({c['first_state']}); the cut is "
-              f"{c['cut']}: {'caught' if c['caught'] else 'NOT caught'} at the first step after it" for c in controls]
+    lines += [f"- {c['framework']}: " + (f"inconclusive ({c['why']})" if c["outcome"] == "inconclusive" else
+                                         f"first difference at step {c['first_step']} ({c['first_state']}); the cut is "
+                                         f"{c['cut']}: {c['outcome'].replace('not', 'NOT')} at the first step after it")
+              for c in controls]
     versions = sorted({(r["framework"], r["version"]) for r in rows})
     lines += ["", f"torch {rows[0]['torch']}; " + ", ".join(f"{f} {v}" for f, v in versions if v != "-") + "."]
     return "\n".join(lines) + "\n"

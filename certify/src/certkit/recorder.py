@@ -8,13 +8,14 @@ and nothing else; they observe and never change what the process computes (but f
     group's LR; at CERTIFY_KILL_AT, the kill (under step(closure), where the forward and backward run inside
     the step: when the closure returns);
   - an optimizer step post-hook: the parameters and the optimizer state after the update, the GradScaler's
-    scale; then the row is written (CERTIFY_RECORD/rank<R>.jsonl, a line per step, flushed).
+    scale, and the time by the clock file mtimes are stamped with; then the row is written
+    (CERTIFY_RECORD/rank<R>.jsonl, a line per step, flushed).
 
 Nothing a hook does may break the program: a tensor it cannot read (on the meta device, a fake or other
 subclass tensor) is skipped, a forward of a model whose parameters are on the meta device (a FLOP counter)
 is no training forward, and any error inside a hook is caught and written to notes.<pid>.txt ("not recorded:
 why"), never raised into the program. An audit hook notes each file the process opens for reading
-(reads.<pid>.txt): certify checks that no run read what another run wrote.
+(reads.<pid>.txt, with its mtime): certify checks that no run read what another run wrote while it trained.
 
 Samples are what the model received, not what a DataLoader yielded: Accelerate and Lightning read a batch
 ahead, and Accelerate's resume reads the batches it skips, so a loader's yield moves in time between a
@@ -48,6 +49,7 @@ import random
 import signal
 import sys
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -305,6 +307,7 @@ class Recorder:
         del row["optimizer_at"]
         row["optimizer"] = digest.of_object(optimizer.state_dict()["state"])
         row["params"] = digest.of_tensors(p for group in optimizer.param_groups for p in group["params"])
+        row["time_ns"] = file_clock_ns()  # a file written after this step has an mtime no earlier
         scales = [s.get_scale() for s in self.scalers if s.is_enabled()]
         if scales:
             row["scale"] = scales
@@ -338,6 +341,20 @@ class Recorder:
 # where a program's reads are its environment, not its checkpoints: the interpreter, packages, the OS
 SYSTEM = tuple(sorted({os.path.join(os.path.realpath(p), "") for p in (sys.prefix, sys.base_prefix)}
                       | {"/proc/", "/sys/", "/dev/", "/etc/", "/usr/"}))
+
+
+# Linux stamps a file's mtime from its coarse real-time clock, which runs up to a tick behind time.time_ns()
+_FILE_CLOCK = 5 if sys.platform.startswith("linux") else None  # CLOCK_REALTIME_COARSE (time has no name for it)
+
+
+def file_clock_ns() -> int:
+    """Now, by the clock file mtimes are stamped with: a file written after this call has an mtime no earlier."""
+    if _FILE_CLOCK is not None:
+        try:
+            return time.clock_gettime_ns(_FILE_CLOCK)
+        except OSError:
+            pass
+    return time.time_ns()
 
 
 def tensors_in(obj) -> list:

@@ -154,9 +154,35 @@ def missing_checkpoint(resume: list, run: Path, step: int) -> str | None:
     return None
 
 
-def cache(path: str) -> bool:
-    """Whether PATH lies in a cache (a folder named *cache*, torch inductor's, triton's): shared by design."""
-    return any("cache" in part.lower() or part.startswith(("torchinductor_", ".triton")) for part in Path(path).parts)
+# the environment variables that name a folder of caches; what lies under one is shared by design
+CACHE_VARIABLES = ("HF_DATASETS_CACHE", "HF_HOME", "TRANSFORMERS_CACHE", "TORCH_HOME", "XDG_CACHE_HOME",
+                   "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+
+
+def cache(path: str, env=os.environ) -> bool:
+    """Whether PATH lies in a cache: a folder named *cache*, torch inductor's or triton's, or one that a cache
+    variable of ENV names (HF_DATASETS_CACHE=/scratch/hf_datasets)."""
+    named = any("cache" in part.lower() or part.startswith(("torchinductor_", ".triton")) for part in Path(path).parts)
+    return named or any(env.get(v) and Path(path).is_relative_to(os.path.abspath(env[v])) for v in CACHE_VARIABLES)
+
+
+def training_began(rows: dict, fallback: int) -> int:
+    """When the first optimizer step of a run's ROWS ended, on the rank that got there first, by the clock file
+    mtimes are stamped with (recorder.file_clock_ns); FALLBACK for rows that carry no time."""
+    times = [by_step[min(by_step)].get("time_ns") for by_step in rows.values() if by_step]
+    return min(times) if times and None not in times else fallback
+
+
+def shared_read(reads: str, began: int, ended: int, env=os.environ) -> str | None:
+    """The first path of a reads.<pid>.txt (lines "mtime<TAB>path") last written between BEGAN and ENDED, the
+    straight run's training, outside a cache; None where there is none. What a run wrote before its first
+    optimizer step (a tokenized dataset, a lock, a preprocessing cache) is the same for every run and passes:
+    a checkpoint cannot be older than the first step it holds."""
+    for line in reads.splitlines():
+        mtime, _, path = line.partition("\t")
+        if mtime.isdigit() and began <= int(mtime) <= ended and not cache(path, env):
+            return path
+    return None
 
 
 def repairable(piece: str) -> str | None:
@@ -185,25 +211,32 @@ def repaired(found: dict, straight: dict, run) -> dict:
 CONTROL_PIECE = "optimizer"  # what the negative control empties, and where the certificate must see it
 
 
-def controlled(found: dict, straight: dict, run, unemptied: dict | None = None) -> dict:
-    """{restored, first, caught} of the negative control, RUN(pieces) a resumed run with the repairs' PIECES put
-    back and the optimizer state emptied before its first update: caught when its optimizer state differs from
-    the straight run's at its first step (K + 1) while that of UNEMPTIED (the same resume, with the same
-    repairs, not emptied) does not, whatever differs before it in causal order (an RNG draw nothing used,
-    say): the certificate sees a checkpoint that forgot the optimizer. FIRST: its first difference."""
+def controlled(found: dict, straight: dict, run, unemptied: dict) -> dict:
+    """{restored, first, caught, outcome, why} of the negative control, RUN(pieces) a resumed run with the repairs'
+    PIECES put back and the optimizer state emptied before its first update. Caught when its optimizer state
+    differs from the straight run's at its first step (K + 1), whatever differs before it in causal order (an
+    RNG draw nothing used, say): the certificate sees a checkpoint that forgot the optimizer. Inconclusive,
+    and not run, where UNEMPTIED (the same resume with the same repairs, not emptied) already differs by then:
+    an emptied optimizer cannot show on its own. Inconclusive too where the control run fails."""
     pieces = found.get("repair", {}).get("restored", [])  # then only the emptied optimizer is left to differ
+    start = found.get("resumed_from", found["stop_after"])
+    step = start + 1
+    already = verdict.first_difference(straight, unemptied, range(start + 1, step + 1), found["not_compared"])
+    if already is not None:
+        which = "repaired" if pieces else "resumed"
+        return {"restored": pieces, "first": None, "caught": None, "outcome": "inconclusive",
+                "why": f"the {which} run already differs at step {already['step']}, rank {already['rank']} "
+                       f"({verdict.NAMES[already['piece']]}), where an emptied optimizer would show: "
+                       + ("choose a --stop-after where the resume is exact" if pieces else
+                          "repair first (--repair), or choose a --stop-after where the resume is exact")}
     code, rows, _ = run(pieces)
     if code != 0 or not rows:
-        return {"restored": pieces, "first": None, "caught": False, "why": f"the control run failed (exit {code})"}
-    step = found.get("resumed_from", found["stop_after"]) + 1
+        return {"restored": pieces, "first": None, "caught": None, "outcome": "inconclusive",
+                "why": f"the control run failed (exit {code})"}
     first = verdict.first_difference(straight, rows, range(step, found["last_step"] + 1), found["not_compared"])
-
-    def emptied(certificate: dict) -> bool:
-        return any(certificate.get(r, {}).get(step, {}).get(CONTROL_PIECE) != straight[r][step][CONTROL_PIECE]
-                   for r in certificate if step in straight.get(r, {}))
-
-    caught = emptied(rows) and not (unemptied is not None and emptied(unemptied))
-    return {"restored": pieces, "first": first, "caught": caught}
+    caught = any(rows.get(r, {}).get(step, {}).get(CONTROL_PIECE) != straight[r][step][CONTROL_PIECE]
+                 for r in rows if step in straight.get(r, {}))
+    return {"restored": pieces, "first": first, "caught": caught, "outcome": "caught" if caught else "not caught"}
 
 
 class Runs:
@@ -299,17 +332,17 @@ class Runs:
                 processes.end_descendants(spared)
 
     def refuse_shared(self, name: str) -> None:
-        """CannotJudge where run NAME read a file the straight run wrote (modified while it ran): the runs share a
-        folder, so the resume may continue the straight run's checkpoint, and each run overwrites the other's
-        files. Caches (a path with a folder named *cache*) are shared by design and pass."""
-        began, ended = self.windows["straight"]
+        """CannotJudge where run NAME read a file the straight run wrote after its first optimizer step: the
+        runs share a checkpoint, so the resume may continue the straight run's training rather than its own,
+        and each run overwrites the other's (shared_read)."""
+        began = training_began(self.straight, self.windows["straight"][0])
         for log in sorted((self.out / name).glob("reads.*.txt")):
-            for line in log.read_text(errors="replace").splitlines():
-                mtime, _, path = line.partition("\t")
-                if mtime.isdigit() and began <= int(mtime) <= ended and not cache(path):
-                    raise CannotJudge(f"the {name} run read {path}, which the straight run wrote: the runs share "
-                                      "that folder (give each run its own, with {run} in the command's paths)",
-                                      self.out / f"{name}.log")
+            path = shared_read(log.read_text(errors="replace"), began, self.windows["straight"][1])
+            if path is not None:
+                raise CannotJudge(f"the {name} run read {path}, which the straight run wrote after its first "
+                                  "optimizer step: the runs share a checkpoint, so a resume may continue the other "
+                                  "run's training (give each run its own folder, with {run} in the command's paths)",
+                                  self.out / f"{name}.log")
 
     def notes(self) -> dict:
         """{run: what its recorders could not record} (notes.<pid>.txt), for the runs that have any."""

@@ -241,13 +241,16 @@ def markdown(v: dict, command: str, resume: str, lose: int) -> str:
     if control:
         with_repairs = f" (with {' and '.join(control['restored'])} repaired)" if control["restored"] else ""
         step = v.get("resumed_from", v["stop_after"]) + 1
-        seen = (f"first difference at step {control['first']['step']}, rank {control['first']['rank']}: "
-                f"{NAMES[control['first']['piece']]}" if control["first"] else control.get("why", "no difference"))
-        verdict = (f"its optimizer state differs at step {step} and the resumed run's does not, so it is **caught**"
-                   if control["caught"] else "so it is **NOT caught**: the certificate does not see a checkpoint "
-                   "that forgot the optimizer")
-        lines += [f"Negative control: resumed again{with_repairs} with the optimizer state emptied before its first "
-                  f"update: {seen}; {verdict}.", ""]
+        said = "Negative control: resumed again" + with_repairs + " with the optimizer state emptied before its first update"
+        if control.get("outcome", "caught" if control["caught"] else "not caught") == "inconclusive":
+            lines += [f"{said}: **inconclusive**: {control['why']}.", ""]
+        else:
+            seen = (f"first difference at step {control['first']['step']}, rank {control['first']['rank']}: "
+                    f"{NAMES[control['first']['piece']]}" if control["first"] else "no difference")
+            verdict = (f"its optimizer state differs at step {step} and the resumed run's does not, so it is "
+                       "**caught**" if control["caught"] else "so it is **NOT caught**: the certificate does not see "
+                       "a checkpoint that forgot the optimizer")
+            lines += [f"{said}: {seen}; {verdict}.", ""]
     if v.get("max_abs_dw") is not None:
         lines += [f"Final parameters, straight vs resumed: max |Δw| = {v['max_abs_dw']:.3g}.", ""]
     killed = ", ".join(f"rank {r} at step {s}" for r, s in sorted(v["killed_at"].items()))
