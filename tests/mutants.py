@@ -47,6 +47,7 @@ C = "certify/src/certkit/"  # certify's distribution: its copy comes first on PY
 T = "tests/"
 CI = "certify/tests/test_ci.py::"
 CRASH = "certify/tests/test_crash.py::"
+DIAGNOSIS = T + "test_diagnosis.py::test_each_cause_is_named_with_its_evidence_and_the_users_line"
 
 
 @dataclass
@@ -419,6 +420,38 @@ BREAKAGES = [
              'caught = first is not None and (first["step"], first["piece"]) == (step, "optimizer") or any(False',
              (T + "test_certify.py::test_an_rng_draw_nothing_uses_is_a_warning_not_a_difference_and_the_control_"
                   "beside_it_is_caught",)),
+    # certify's diagnosis: one breakage per cause class, each caught by the program that carries that bug
+    Breakage("diagnosis: a change to the live weights between steps not seen", C + "diagnosis.py",
+             "Found.changed_outside", 'for name, rows, steps in (("straight", self.s, range(1, self.step)),',
+             'for name, rows, steps in (("straight", self.s, range(0)),', (DIAGNOSIS + "[inplace_merge_save.py]",)),
+    Breakage("diagnosis: fp16-rounded weights not recognised", C + "diagnosis.py", "Found.lossy_weights",
+             "for dtype in (torch.float16, torch.bfloat16):", "for dtype in (torch.bfloat16,):",
+             (DIAGNOSIS + "[half_save.py]",)),
+    Breakage("diagnosis: an optimizer restored from another step not matched", C + "diagnosis.py", "Found.optimizer",
+             'if self.s[j].get("optimizer") == start["optimizer_in"]), None)', "if False), None)",
+             (DIAGNOSIS + "[earlier_step.py]",)),
+    Breakage("diagnosis: an RNG back at its seeding called restored from another step", C + "diagnosis.py",
+             "Found.rngs", "            if j == 0:", "            if j == -1:", (DIAGNOSIS + "[reseed_randint.py]",)),
+    Breakage("diagnosis: the first draw aligned from the resumed run's start (its model init)", C + "diagnosis.py",
+             "Found.first_draw", "zip(draws[0][-n:], draws[1][-n:])", "zip(draws[0][:n], draws[1][:n])",
+             (DIAGNOSIS + "[reseed_randint.py]",)),
+    Breakage("diagnosis: replayed batches not matched to the straight run's step", C + "diagnosis.py", "Found.data",
+             'm = min((m for m in self.s if m != self.step and self.s[m].get("samples") == samples),',
+             'm = min((m for m in self.s if m == self.step and self.s[m].get("samples") == samples),',
+             (DIAGNOSIS + "[sampler_generator.py]",)),
+    Breakage("diagnosis: a random transform's elements not compared", C + "diagnosis.py", "Found.data",
+             "if 0 < changed <= total // 2:", "if 0 < changed < 0:", (DIAGNOSIS + "[random_getitem.py]",)),
+    Breakage("diagnosis: an empty optimizer state at the resume not seen", C + "diagnosis.py", "Found.optimizer",
+             '        if start.get("optimizer_in_empty"):', "        if False:",
+             (T + "test_certify.py::test_an_emptied_optimizer_state_is_named_optimizer_state_and_so_is_certifys_own"
+                  "_control",)),
+    Breakage("diagnosis: a restarted scheduler not recognised", C + "diagnosis.py", "Found.lr",
+             'n = common_prefix(ours, [self.s[t]["lr"] for t in sorted(self.s)])', "n = 0",
+             (DIAGNOSIS + "[scheduler_restart.py]",)),
+    Breakage("diagnosis: a cause guessed where none matched (the first piece's class)", C + "diagnosis.py", "diagnose",
+             'causes = found.causes or [cause("unknown",', 'causes = found.causes or [cause("optimizer_not_restored",',
+             (T + "test_diagnosis.py::test_a_fault_outside_the_classes_is_unknown_with_what_was_compared_and_ci_shows"
+                  "_the_why",)),
     Breakage("certify: runs that share a folder not refused", C + "runs.py", "Runs.run",
              "            self.refuse_shared(name)", "            pass",
              (T + "test_certify.py::test_runs_that_share_a_checkpoint_folder_are_refused_naming_the_file",)),

@@ -383,3 +383,25 @@ def test_a_crash_cell_resumes_through_the_frameworks_auto_resume_and_is_counted_
     # each model's counts in OUTCOMES' order: exact, lost work, started over, hard fail, silent
     assert "| lightning | 1 | 13 | 41 (16) | 0 / 1 / 2 / 3 / 4 | 10 / 11 / 12 / 13 / 14 |" in summary
     assert "**60 crash points fail**" in summary  # all but the exact ones: 1+2+3+4 + 11+12+13+14
+
+
+@pytest.mark.quick
+def test_each_cell_that_is_not_exact_shows_its_diagnosed_cause_in_a_column_of_its_own():
+    """Catches: certify's diagnosis dropped on the way from the verdict to the cell's row, matrix.csv or the
+    summary (a cell that is not exact must say why, as certify said it), or shown for an exact cell."""
+    found = {"deterministic": True, "max_abs_dw": 0.5, "exact": False, "again": 0, "ranks": None,
+             "first": {"step": 5, "rank": 0, "piece": "samples"}, "repair": {},
+             "diagnosis": {"step": 5, "rank": 0, "compared": [], "causes": [
+                 {"class": "rng_reseeded", "title": "RNG reseeded, not restored", "evidence": "e",
+                  "where": "train.py:31 torch.randint", "fix": "f"},
+                 {"class": "data_position", "title": "Data position", "evidence": "e", "where": None, "fix": "f"}]}}
+    row = audit.row_of("lightning", SCENARIO, found)
+    assert row["diagnosis"] == "RNG reseeded, not restored (train.py:31 torch.randint); Data position"
+    assert "diagnosis" in audit.COLUMNS
+    exact = audit.row_of("own", SCENARIO, {**found, "exact": True, "max_abs_dw": 0.0, "first": None,
+                                            "diagnosis": None})
+    assert exact["diagnosis"] == ""
+    summary = audit.summary_table([exact, row], [], {})
+    assert (f"| lightning | {SCENARIO} | step 5: samples | RNG reseeded, not restored "
+            "(train.py:31 torch.randint); Data position |") in summary
+    assert f"| own | {SCENARIO} |" not in summary.split("Not exact, and why")[1]

@@ -106,7 +106,8 @@ def test_a_plain_loop_that_forgets_its_generator_is_named_samples_at_the_first_r
 
 
 def test_an_emptied_optimizer_state_is_named_optimizer_state_and_so_is_certifys_own_control(tmp_path):
-    """Catches: AdamW's moments not recorded, or recorded after the parameters (named as weights); a max |Δw|
+    """Catches: AdamW's moments not recorded, or recorded after the parameters (named as weights), or a
+    diagnosis that does not say the resume started from an empty optimizer state; a max |Δw|
     that is not that of the final weights; a negative control (--control) that does not empty the optimizer,
     or is called caught at another step or piece."""
     short = [*PLAIN, "--steps", "8"]
@@ -114,6 +115,9 @@ def test_an_emptied_optimizer_state_is_named_optimizer_state_and_so_is_certifys_
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert (verdict["first"]["step"], verdict["first"]["piece"]) == (6, "optimizer")
     assert verdict["first"]["pieces"] == {"0": ["optimizer", "params"]}
+    # its resume left AdamW's per-parameter state out (plain_loop.py --forget optimizer): so says the diagnosis
+    [cause] = verdict["diagnosis"]["causes"]
+    assert cause["class"] == "optimizer_not_restored" and "empty optimizer state" in cause["evidence"], cause
     final = {run: w["model"] for run, w in final_checkpoint(tmp_path / "forgets", "step_8.pt").items()}
     gap = max(float((final["straight"][k] - final["resumed"][k]).abs().max()) for k in final["straight"])
     assert gap > 0 and verdict["max_abs_dw"] == pytest.approx(gap, rel=1e-6)
@@ -415,7 +419,7 @@ def test_data_every_run_prepares_before_training_is_no_shared_checkpoint(tmp_pat
         shared = work / "train.bin"
     assert "cache" not in str(shared).lower()  # the name rule does not pass it
     proc, verdict = certify(tmp_path / "out", 4, command, resume, cwd=work)
-    assert proc.returncode == 0 and verdict["exact"], proc.stderr[-2000:]
+    assert proc.returncode == 0 and verdict["exact"] and verdict["diagnosis"] is None, proc.stderr[-2000:]
     reads = "".join(p.read_text() for p in (tmp_path / "out" / "resumed").glob("reads.*.txt"))
     assert str(shared) in reads  # the resumed run did read what the straight run prepared
     final = final_checkpoint(tmp_path / "out", "final.pt")

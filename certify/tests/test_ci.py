@@ -48,7 +48,7 @@ def ci(tmp_path_factory):
 
 def test_junit_has_a_suite_per_run_a_case_per_rank_and_the_failure_names_step_rank_and_piece(ci):
     """Catches: a JUnit file one run overwrites with its own suite, a failure without the verdict's step,
-    rank and piece, counts that disagree with the cases (CI readers show the counts), a run that could not
+    rank and piece or its diagnosis, counts that disagree with the cases (CI readers show the counts), a run that could not
     judge reported as passing."""
     runs, junit, _ = ci
     assert [p.returncode for p in runs.values()] == [0, 1, 2], [p.stderr[-500:] for p in runs.values()]
@@ -65,20 +65,23 @@ def test_junit_has_a_suite_per_run_a_case_per_rank_and_the_failure_names_step_ra
     exact, forgetful = suites["certify exact"], suites["certify forgetful"]
     assert [c.get("name") for c in exact.findall("testcase")] == ["rank 0"] and exact.get("failures") == "0"
     failure = forgetful.find("testcase").find("failure")
-    assert failure.get("message") == "first difference at step 4, rank 0: samples (what the model received)"
+    # and why: the sampler's generator forgotten, its first batch is drawn again (diagnosis.py's data position)
+    assert failure.get("message") == ("first difference at step 4, rank 0: samples (what the model received); "
+                                      "why: Data position")
     error = suites["certify unjudged"].find("testcase").find("error")
     assert "optimizer steps" in error.get("message")  # certify's one line: the run never reaches step 9
 
 
 def test_the_summary_is_markdown_with_the_verdict_the_difference_the_steps_and_the_rerun(ci):
     """Catches: a summary that overwrites the step summary instead of adding to it, one without the verdict,
-    the first difference, the steps compared or a command that reruns it, and Markdown that does not render
+    the first difference, why, the steps compared or a command that reruns it, and Markdown that does not render
     as headings, a table and code."""
     _, _, summary = ci
     text = summary.read_text()
     tokens = MarkdownIt().enable("table").parse(text)
     headings = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open"]
-    assert headings == ["certify: exact", "certify: not exact", "certify: could not judge"]
+    assert headings == ["certify: exact", "certify: not exact", "Why (step 4, rank 0)", "certify: could not judge"]
+    assert "the resumed run's samples at steps 4..8 are the straight run's of steps 1..5" in text
     assert sum(t.type == "table_open" for t in tokens) == 2
     assert "| 0 | step 4: samples (what the model received) |" in text
     assert "Compared: optimizer steps 4..8" in text

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from certkit.runs import CONTROL_PIECE
 from certkit.verdict import NAMES as PIECES
-from certkit.verdict import REPAIRED
+from certkit.verdict import REPAIRED, causes
 
 from mmkit.errors import UserError
 
@@ -212,7 +212,7 @@ def blank_row(framework: str, scenario: str) -> dict:
 
     return {"framework": framework, "version": version(framework), "torch": torch.__version__.split("+")[0],
             "scenario": scenario, "exact": False, "max_abs_dw": "", "first_step": "", "first_state": "",
-            "first_rank": "", "cause": "", "repair_exact": "", "repaired": [], "deterministic": ""}
+            "first_rank": "", "cause": "", "diagnosis": "", "repair_exact": "", "repaired": [], "deterministic": ""}
 
 
 def row_of(framework: str, scenario: str, found: dict) -> dict:
@@ -226,6 +226,7 @@ def row_of(framework: str, scenario: str, found: dict) -> dict:
     first = found["first"]
     if first:
         row.update(first_step=first["step"], first_state=first["piece"], first_rank=first["rank"])
+    row["diagnosis"] = causes(found) or ""  # certify's why, where the verdict is not exact
     if row["exact"]:
         return row
     if found.get("again"):
@@ -269,7 +270,7 @@ def control_of(framework: str, found: dict) -> dict:
 # --- the matrix ---------------------------------------------------------------------------------------
 
 COLUMNS = ("framework", "version", "torch", "scenario", "exact", "max_abs_dw", "first_step", "first_state", "cause",
-           "repair_exact", "deterministic")
+           "diagnosis", "repair_exact", "deterministic")
 
 
 def unsupported(row: dict) -> dict:
@@ -358,6 +359,13 @@ def summary_table(rows: list, controls: list, fp16: dict) -> str:
     if fp16:
         lines.append("fp16 on CPU, as trained (its straight weights bit for bit those of the fp32 or bf16 run): "
                      + ", ".join(f"{f}: {how}" for f, how in fp16.items()) + ".")
+    diagnosed = [r for r in rows if verdict(r) not in ("exact", "unsupported", "failed")]
+    if diagnosed:
+        lines += ["", "Not exact, and why (certify's diagnosis of the first difference):", "",
+                  "| framework | scenario | first difference | diagnosed cause |", "|---|---|---|---|"]
+        lines += [f"| {r['framework']} | {r['scenario']} | "
+                  + (f"step {r['first_step']}: {r['first_state']}" if r["first_step"] != "" else "weights only")
+                  + f" | {r.get('diagnosis') or 'none (not diagnosed)'} |" for r in diagnosed]
     if crashes:
         lines += ["", crash_table(crashes)]
     causes = sorted({r["cause"] for r in rows if verdict(r) != "exact"})

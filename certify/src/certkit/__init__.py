@@ -2,8 +2,10 @@
 
   digest.py      raw-byte digests of tensors, batches and RNG states, fast enough to take every step
   recorder.py    loaded into an unmodified training process: a row per optimizer step, per rank; the kill
+  watch.py       in the same process: the program's saves (line, dtypes) and one step's draws from the global RNGs
   site/          the sitecustomize that loads the recorder into every Python process of a command
   verdict.py     certificates compared: the first step, rank and piece that differ; verdict.json/.md/.svg
+  diagnosis.py   why a resume is not exact, and where: each cause with its evidence, the user's line, the fix
   runs.py        the command run straight, stopped by a real SIGKILL, and resumed
   processes.py   every process a run starts ended and reaped with it (certify is their subreaper); signals
   outdir.py      the --out folder: its lock, the manifest of what certify wrote there, whole-or-nothing writes

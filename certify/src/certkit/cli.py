@@ -17,7 +17,7 @@ from pathlib import Path
 from certkit import processes, reports, saves
 from certkit.errors import Interrupted
 from certkit.runs import CannotJudge, certify, substitute
-from certkit.verdict import headline
+from certkit.verdict import headline, why
 
 USAGE = ("certify --out DIR --stop-after K [--resume ARGS] [--lose N] [--again K2] [--resume-command CMD] "
          "[--repair] [--control] [--straight-from DIR] [--timeout S] [--junit FILE] [--summary FILE] -- COMMAND ...")
@@ -180,6 +180,8 @@ def main(argv: list | None = None) -> int:
               f"({said}) ({args.out / 'crash.md'})")
         return 0 if found["exact"] else 1
     print(headline(found).replace("**", ""), f"({args.out / 'verdict.md'})")
+    if why(found):
+        print(why(found))
     return 0 if found["exact"] else 1
 
 

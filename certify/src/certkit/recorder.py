@@ -39,6 +39,14 @@ model inside the batch, so they show as samples.
   CERTIFY_SAVES        certify --crash: this folder gets every file event under CERTIFY_SAVES_ROOT (saves.py)
   CERTIFY_KEEP_FINAL   at a normal exit, the last stepped optimizer's parameters are kept (rank<R>.final.pt):
                        how far apart two runs' final weights are
+  CERTIFY_KEEP_PARAMS  the straight run: the parameters after this step kept (rank<R>.params.pt), and the
+                       optimizer state's digest without its step counts in that step's row
+  CERTIFY_KEEP_INPUTS_AT  the model's inputs of this step kept (rank<R>.inputs_at.pt)
+  CERTIFY_TRACE_AT     the program's draws from the global RNGs until this step's update, from the end of
+                       the step before it or the process's start (watch.py: draws.<pid>.jsonl)
+Every run's torch.save calls are noted with their line and dtypes (watch.py: saves.<pid>.jsonl), and a
+process's first row holds the optimizer state it started from: what diagnosis.py reads, only when a resume
+is not exact.
 """
 
 import atexit
@@ -53,7 +61,7 @@ import time
 import weakref
 from pathlib import Path
 
-from . import digest
+from . import digest, watch
 
 PIECES = ("params_in", "samples", "rng_torch", "rng_numpy", "rng_python", "rng_cuda", "gradients", "scale", "lr", "optimizer",
           "params")
@@ -84,7 +92,8 @@ def _rank() -> int:
 class Recorder:
     def __init__(self, folder: str, offset: int = 0, kill_at: int | None = None, keep_rng: int | None = None,
                  restore_rng: str | None = None, keep_inputs: int | None = None, replay_inputs: str | None = None,
-                 empty_optimizer: bool = False, keep_final: bool = False):
+                 empty_optimizer: bool = False, keep_final: bool = False, keep_params: int | None = None,
+                 keep_inputs_at: int | None = None, trace_at: int | None = None):
         self.folder, self.step, self.kill_at = Path(folder), offset, kill_at
         self.empty_optimizer, self.keep_final, self.stepped = empty_optimizer, keep_final, None
         # the RNGs' raw states at the first training forward after step K: kept, or put back (a repair)
@@ -95,6 +104,8 @@ class Recorder:
         self.replay = Path(replay_inputs) if replay_inputs else None
         self.replayed = None
         self.inputs, self.row, self.file = [], None, None
+        self.keep_params, self.keep_inputs_at, self.trace_at, self.at_inputs = keep_params, keep_inputs_at, trace_at, []
+        self.watch = None
         self.local = threading.local()  # forward nesting depth, per thread
         self.trainable = weakref.WeakKeyDictionary()
         self.scalers, self.handles = (), []
@@ -160,6 +171,13 @@ class Recorder:
                               self.note)
             except Exception as e:  # noqa: BLE001  (the program runs on, its saves unrecorded)
                 self.note(f"the saves' file events ({type(e).__name__}: {e})")
+        try:
+            self.watch = watch.Watch(self.folder, lambda: self.step, self.note)
+            self.watch.watch_saves()
+            if self.trace_at == self.step + 1:  # a resumed run: its draws from its start to its first update
+                self.watch.start_draws()
+        except Exception as e:  # noqa: BLE001  (the program runs on, its saves and draws unwatched)
+            self.note(f"the program's saves and draws ({type(e).__name__}: {e})")
         self.read_log = None
         if not os.environ.get("CERTIFY_NO_READS"):
             try:
@@ -224,7 +242,7 @@ class Recorder:
 
         if self.restore_rng is None:
             self.folder.mkdir(parents=True, exist_ok=True)
-            torch.save(raw_rng_states(), self.folder / f"rank{_rank()}.rng.pt")
+            torch_save(raw_rng_states(), self.folder / f"rank{_rank()}.rng.pt")
         else:
             set_raw_rng_states(torch.load(self.restore_rng / f"rank{_rank()}.rng.pt", weights_only=True))
 
@@ -242,6 +260,8 @@ class Recorder:
         self.inputs.append(digest.of_object([args, kwargs]))
         if self.keep_inputs is not None and self.step >= self.keep_inputs:
             self.kept.append([t.detach().cpu().clone() for t in tensors_in([args, kwargs])])
+        if self.keep_inputs_at == self.step + 1:
+            self.at_inputs.append([t.detach().cpu().clone() for t in tensors_in([args, kwargs])])
 
     def _is_training_call(self, module) -> bool:
         import torch
@@ -283,6 +303,8 @@ class Recorder:
     @_observing
     def _take_row(self, optimizer) -> None:
         step = self.step + 1
+        if self.watch is not None and step == self.trace_at:
+            self.watch.stop_draws()
         if self.kill_at is not None and step >= self.kill_at:
             self._write({"killed": step})
             os.fsync(self.file.fileno())
@@ -297,6 +319,14 @@ class Recorder:
                     "forwards": len(self.inputs),
                     **digest.rng_states(), "gradients": digest.of_tensors(p.grad for p in params),
                     "lr": [float(group["lr"]) for group in optimizer.param_groups], "optimizer_at": optimizer}
+        if self.file is None:  # the process's first step: the optimizer state it starts from (a resume's)
+            state = optimizer.state_dict()["state"]
+            self.row.update(optimizer_in=digest.of_object(state), optimizer_in_moments=digest.of_object(moments(state)),
+                            optimizer_in_empty=not state)
+        if self.at_inputs and step == self.keep_inputs_at:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            torch_save(self.at_inputs, self.folder / f"rank{_rank()}.inputs_at.pt")
+            self.at_inputs = []
         self.inputs = []
 
     @_observing
@@ -312,6 +342,13 @@ class Recorder:
         if scales:
             row["scale"] = scales
         self.step = row["step"]
+        if self.step == self.keep_params:
+            row["optimizer_moments"] = digest.of_object(moments(optimizer.state_dict()["state"]))
+            self.folder.mkdir(parents=True, exist_ok=True)
+            torch_save([p.detach().cpu().clone() for group in optimizer.param_groups for p in group["params"]],
+                       self.folder / f"rank{_rank()}.params.pt")
+        if self.watch is not None and self.step + 1 == self.trace_at:
+            self.watch.start_draws()
         self._write(row)
         if self.keep_final:
             if self.stepped is None:
@@ -319,14 +356,10 @@ class Recorder:
             # the parameters themselves (updated in place), not the optimizer: it is gone by the time of exit
             self.stepped = [p for group in optimizer.param_groups for p in group["params"]]
         if self.kept:  # all of them, each step: a run may end without a goodbye
-            import torch
-
-            torch.save(self.kept, self.folder / f"rank{self.rank}.inputs.pt")
+            torch_save(self.kept, self.folder / f"rank{self.rank}.inputs.pt")
 
     def _keep_final(self) -> None:
-        import torch
-
-        torch.save([p.detach().cpu().clone() for p in self.stepped], self.folder / f"rank{self.rank}.final.pt")
+        torch_save([p.detach().cpu().clone() for p in self.stepped], self.folder / f"rank{self.rank}.final.pt")
 
     def _write(self, row: dict) -> None:
         if self.file is None:
@@ -355,6 +388,18 @@ def file_clock_ns() -> int:
         except OSError:
             pass
     return time.time_ns()
+
+
+def moments(state: dict) -> dict:
+    """An optimizer's per-parameter state without its step counts: AdamW's moments."""
+    return {i: {k: v for k, v in entry.items() if k != "step"} for i, entry in state.items()}
+
+
+def torch_save(obj, path) -> None:
+    """torch.save as the program found it, not the watched one: certify's own files are not the program's saves."""
+    import torch
+
+    getattr(torch.save, "__wrapped__", torch.save)(obj, path)
 
 
 def tensors_in(obj) -> list:
@@ -402,8 +447,10 @@ def from_environment() -> Recorder | None:
     if not folder:
         return None
     number = {k: int(os.environ[k]) if os.environ.get(k) else None
-              for k in ("CERTIFY_KILL_AT", "CERTIFY_KEEP_RNG", "CERTIFY_KEEP_INPUTS")}
+              for k in ("CERTIFY_KILL_AT", "CERTIFY_KEEP_RNG", "CERTIFY_KEEP_INPUTS", "CERTIFY_KEEP_PARAMS",
+                        "CERTIFY_KEEP_INPUTS_AT", "CERTIFY_TRACE_AT")}
     return Recorder(folder, int(os.environ.get("CERTIFY_STEP_OFFSET", 0)), number["CERTIFY_KILL_AT"],
                     number["CERTIFY_KEEP_RNG"], os.environ.get("CERTIFY_RESTORE_RNG"), number["CERTIFY_KEEP_INPUTS"],
                     os.environ.get("CERTIFY_REPLAY_INPUTS"), bool(os.environ.get("CERTIFY_EMPTY_OPTIMIZER")),
-                    bool(os.environ.get("CERTIFY_KEEP_FINAL")))
+                    bool(os.environ.get("CERTIFY_KEEP_FINAL")), number["CERTIFY_KEEP_PARAMS"],
+                    number["CERTIFY_KEEP_INPUTS_AT"], number["CERTIFY_TRACE_AT"])

@@ -11,7 +11,7 @@ from pathlib import Path
 from . import outdir
 from .errors import CannotJudge
 from .saves import FAILING
-from .verdict import NAMES, headline
+from .verdict import NAMES, headline, why, why_section
 
 
 def difference_line(rank, first: dict) -> str:
@@ -35,6 +35,8 @@ def suite(found: dict | None, command: str, out: Path, error: str | None = None)
         case = ET.SubElement(element, "testcase", classname=f"certify.{out.name}", name=f"rank {rank}")
         if first is not None or nowhere:
             message = difference_line(rank, first) if first is not None else line
+            if first is not None and why(found) and str(found["diagnosis"]["rank"]) == str(rank):
+                message += f"; {why(found)}"
             ET.SubElement(case, "failure", message=message, type="not exact").text = line
             failures += 1
     element.set("tests", str(len(found["first_by_rank"]))), element.set("failures", str(failures))
@@ -98,6 +100,8 @@ def summary(found: dict | None, command: str, out: Path, rerun: str, error: str 
         lines += [f"| {rank} | " + (f"step {f['step']}: {NAMES[f['piece']]}" if f else "none") + " |"
                   for rank, f in found["first_by_rank"].items()]
         lines.append("")
+    if found.get("diagnosis"):
+        lines += [line.replace("## Why", "#### Why") for line in why_section(found)]
     start = found.get("resumed_from", found["stop_after"])
     lines += [f"Compared: optimizer steps {start + 1}..{found['last_step']} of the resumed run against the straight "
               f"run (stopped after step {found['stop_after']}).", "",

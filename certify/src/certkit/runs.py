@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import outdir, processes, progress, verdict
+from . import diagnosis, outdir, processes, progress, verdict
 from .errors import CannotJudge, ResumeFailed, StraightFailed
 
 SITE = Path(__file__).parent / "site"
@@ -420,6 +420,7 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
         raise CannotJudge(f"the command does not repeat itself: its straight and stopped runs differ at step "
                           f"{b['step']}, rank {b['rank']} ({verdict.NAMES[b['piece']]}), before any stop")
     found["max_abs_dw"] = verdict.final_gap(out / "straight", out / "resumed", set(resumed))
+    found["diagnosis"] = diagnosis.diagnose(found, straight, resumed, out)
     if repair:
         found["repair"] = repaired(found, straight, lambda pieces: runs.resumed_again("repaired", pieces))
     if control:
@@ -436,6 +437,12 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
     return found
 
 
+def diagnosed(stop_after: int) -> dict:
+    """What the straight and the resumed run keep of step K + 1 for a diagnosis (diagnosis.py): its model inputs
+    and its draws from the global RNGs."""
+    return {"CERTIFY_KEEP_INPUTS_AT": stop_after + 1, "CERTIFY_TRACE_AT": stop_after + 1}
+
+
 def straight_and_stopped(runs: Runs, command: list, resume: str, lose: int, again: int, repair: bool,
                          straight_from: Path | None = None, saves: dict | None = None) -> tuple:
     """The straight run (its RNG states after K kept, and with REPAIR its inputs after K; or STRAIGHT_FROM's,
@@ -444,7 +451,7 @@ def straight_and_stopped(runs: Runs, command: list, resume: str, lose: int, agai
     out, stop_after = runs.out, runs.stop_after
     kill_at = stop_after + 1 + lose
     keep = {"CERTIFY_KEEP_INPUTS": stop_after} if repair else {}  # the model's inputs after K: only for a repair
-    keep.update(CERTIFY_KEEP_RNG=stop_after, CERTIFY_KEEP_FINAL=1)
+    keep.update(CERTIFY_KEEP_RNG=stop_after, CERTIFY_KEEP_FINAL=1, **diagnosed(stop_after), CERTIFY_KEEP_PARAMS=stop_after)
     if straight_from is None:
         code, straight, _ = runs.run("straight", command, "straight", **keep)
     else:
@@ -490,7 +497,8 @@ def resumed_runs(runs: Runs, resume: str, again: int, lose: int = 0) -> tuple[di
                               out / "resumed.first.log")
         first_leg, start = runs.aligned(first_leg, stop_after)
     code, resumed, _ = runs.run("resumed", resuming, "resumed", again or stop_after,
-                                CERTIFY_STEP_OFFSET=again or stop_after, CERTIFY_KEEP_FINAL=1)
+                                CERTIFY_STEP_OFFSET=again or stop_after, CERTIFY_KEEP_FINAL=1,
+                                **({} if again else diagnosed(stop_after)))
     if code != 0:
         raise ResumeFailed(f"resume failed: {last_line(out / 'resumed.log')}", out / "resumed.log")
     if not resumed:

@@ -202,6 +202,35 @@ def headline(v: dict) -> str:
             f"{start + 1}..{v['last_step']}, on every rank, in everything the steps computed{where}")
 
 
+def causes(v: dict) -> str | None:
+    """The diagnosis in a few words: each cause's title, and where it was found (None when there is none)."""
+    d = v.get("diagnosis")
+    if not d:
+        return None
+    return "; ".join(c["title"] + (f" ({c['where']})" if c.get("where") else "") for c in d["causes"])
+
+
+def why(v: dict) -> str | None:
+    """The diagnosis in one line, as the command prints it and a JUnit failure ends."""
+    return causes(v) and f"why: {causes(v)}"
+
+
+def why_section(v: dict) -> list:
+    """verdict.md's "Why" section: each cause of the first difference with its evidence, where and fix."""
+    d = v.get("diagnosis")
+    if not d:
+        return []
+    lines = [f"## Why (step {d['step']}, rank {d['rank']})", ""]
+    for c in d["causes"]:
+        lines.append(f"- **{c['title']}**: {c['evidence']}.")
+        if c.get("where"):
+            lines.append(f"  Where: `{c['where']}`.")
+        if c.get("fix"):
+            lines.append(f"  Usual fix: {c['fix']}.")
+    lines += ["", "Compared: " + "; ".join(d["compared"]) + ".", ""] if d["compared"] else [""]
+    return lines
+
+
 def warnings(v: dict) -> list:
     """verdict.md's lines on what is no difference but worth knowing: an RNG draw nothing used, what the
     recorders could not record."""
@@ -226,6 +255,7 @@ def markdown(v: dict, command: str, resume: str, lose: int) -> str:
                   "gradients, LR, optimizer state, parameters):", ""]
         lines += [f"- rank {r}: " + ", ".join(NAMES[p] for p in pieces) for r, pieces in sorted(f["pieces"].items())]
         lines.append("")
+        lines += why_section(v)
     lines += warnings(v)
     repair = v.get("repair")
     if repair and repair["restored"]:
