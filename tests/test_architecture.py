@@ -79,6 +79,51 @@ def test_certify_and_the_lab_import_nothing_of_each_other():
             assert not crossing, f"{package}/{path.name} imports {sorted(crossing)}"
 
 
+# what certify loads into the user's process: the site hook and everything it imports, no more (docs/certify.md)
+IN_PROCESS = {"recorder", "digest", "watch", "fileevents", "crashstates"}
+JUDGEMENT = ("verdict", "diagnosis", "reports")
+
+
+def certkit_graph() -> dict:
+    """{certkit module: the certkit modules it imports}, the site hook's sitecustomize as 'site.sitecustomize'."""
+    files = {**modules("certkit"), "site.sitecustomize": FOLDERS["certkit"] / "site" / "sitecustomize.py"}
+    graph = {}
+    for name, path in files.items():
+        found = {m.removeprefix("certkit.") for m in imported(path, "certkit") if m.startswith("certkit.")}
+        graph[name] = {m.split(".")[0] for m in found if m.split(".")[0] in files and m.split(".")[0] != name}
+    return graph
+
+
+@pytest.mark.quick
+def test_what_certify_loads_into_the_users_process_imports_nothing_of_the_orchestration_and_no_cycle():
+    """Catches: a module the site hook loads into someone else's training process importing certify's
+    orchestration or judgement (runs, saves, verdict: their imports, their module-level code and their
+    failures would then run inside the user's program), and an import cycle anywhere in certkit (recorder ->
+    saves -> runs -> verdict -> recorder was one)."""
+    graph = certkit_graph()
+    loaded, todo = set(), ["site.sitecustomize"]
+    while todo:
+        name = todo.pop()
+        if name not in loaded:
+            loaded.add(name)
+            todo += sorted(graph.get(name, ()))
+    assert loaded - {"site.sitecustomize"} == IN_PROCESS, sorted(loaded)
+    for name in JUDGEMENT:  # the judgement reads certificates; it never starts a run
+        assert not graph[name] & {"runs", "saves", "cli", "processes", "progress"}, (name, sorted(graph[name]))
+
+    def cycle(name, path):
+        for other in sorted(graph.get(name, ())):
+            if other in path:
+                return path[path.index(other):] + [other]
+            found = cycle(other, path + [other])
+            if found:
+                return found
+        return None
+
+    for name in graph:
+        assert cycle(name, [name]) is None, " -> ".join(cycle(name, [name]))
+
+
 @pytest.mark.quick
 def test_checkpoint_code_never_imports_the_training_loop_nor_the_data_module():
     """Catches: a checkpoint module that imports train (the loop would then be inside its own I/O), or data

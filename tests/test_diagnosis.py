@@ -113,3 +113,27 @@ def test_a_fault_outside_the_classes_is_unknown_with_what_was_compared_and_ci_sh
     assert "the resumed run's samples" not in only["evidence"]  # samples are equal: not compared as a cause
     assert "each run's parameters after a step" in only["evidence"]
     assert "why: Unknown" in junit.read_text() and "#### Why (step 5, rank 0)" in summary.read_text()
+
+
+@pytest.mark.quick
+def test_the_same_samples_in_another_order_and_samples_skipped_ahead_are_told_apart(tmp_path):
+    """Catches: a batch of the straight run's samples, shuffled, called a random transform or left unknown (the
+    rows compared as a multiset), and batches taken from a later step called replayed. In-process, on rows and
+    kept inputs made here: no program of tests/programs/diagnose/ reshuffles within a batch."""
+    import torch
+    from certkit import diagnosis
+
+    batch = torch.arange(24).reshape(6, 4)
+    for name, inputs in (("straight", batch), ("resumed", batch[[2, 0, 1, 5, 4, 3]])):
+        (tmp_path / name).mkdir()
+        torch.save([[inputs]], tmp_path / name / "rank0.inputs_at.pt")
+    straight = {0: {s: {"samples": f"s{s}", "lr": [0.1]} for s in range(1, 9)}}
+    shuffled = {0: {s: {"samples": f"r{s}", "lr": [0.1]} for s in range(5, 9)}}
+    v = {"exact": False, "stop_after": 4, "resumed_from": 4, "not_compared": [],
+         "first": {"step": 5, "rank": 0, "piece": "samples", "pieces": {0: ["samples"]}}}
+    [order] = diagnosis.diagnose(v, straight, shuffled, tmp_path)["causes"]
+    assert (order["class"], order.get("how")) == ("data_position", "another order"), order
+    ahead = {0: {s: {"samples": f"s{s + 2}", "lr": [0.1]} for s in range(5, 7)}}
+    [skipped] = diagnosis.diagnose(v, straight, ahead, tmp_path)["causes"]
+    assert (skipped.get("how"), skipped.get("from_step")) == ("skipped ahead", 7), skipped
+    assert "samples at steps 5..6 are the straight run's of steps 7..8" in skipped["evidence"]

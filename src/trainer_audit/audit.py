@@ -377,7 +377,7 @@ def summary_table(rows: list, controls: list, fp16: dict) -> str:
 def crash_table(rows: list) -> str:
     """The crash cells' counts: for each framework and number of ranks, the crash points resumed per failure
     model and outcome (certify --crash: a point is a file event and what a kill or power loss there left)."""
-    from certkit.saves import OUTCOMES
+    from certkit.verdict import OUTCOMES
 
     models = list(rows[0]["crash"])
     lines = [f"Crash during the save (the {', '.join(dict.fromkeys(r['scenario'] for r in rows))} columns: "

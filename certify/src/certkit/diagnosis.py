@@ -2,9 +2,9 @@
 the user's code where it can be known, and the usual fix. A cause is named only when its evidence holds; where
 none does, the cause is unknown and the diagnosis says what was compared.
 
-The evidence is what the runs recorded (recorder.py, watch.py): the rows of both runs, the straight run's
-parameters after step K, both runs' model inputs at step K + 1, their draws from the global RNGs up to step
-K + 1's update, and every run's saves. It costs nothing more when the verdict is exact, and is read only here.
+The evidence is what the runs recorded (recorder.py, watch.py): the rows of both runs (the straight run's row
+of step K with its parameters' digests rounded to fp16 and bf16), both runs' model inputs at step K + 1, their
+draws from the global RNGs up to step K + 1's update, and every run's saves. It costs nothing more when the verdict is exact, and is read only here.
 
   changed outside a step  in a run itself, a step starts from parameters other than those the step before left
   weights restored lossy  the parameters step K + 1 starts from are the straight run's after K rounded to fp16/bf16
@@ -19,7 +19,7 @@ K + 1's update, and every run's saves. It costs nothing more when the verdict is
 import json
 from pathlib import Path
 
-from . import digest
+from .recorder import PIECES
 from .verdict import NAMES, RNG
 
 CLASSES = {  # class: (title, the usual fix)
@@ -79,6 +79,10 @@ def diagnose(v: dict, straight: dict, resumed: dict, out: Path) -> dict | None:
     s_rows, r_rows = straight.get(rank, {}), resumed.get(rank, {})
     at_cut = k == v["stop_after"] and step == k + 1 and not v.get("again")  # what the runs kept is of step K + 1
     found = Found(v, s_rows, r_rows, step, rank, k, at_cut, Path(out))
+    differ = first["pieces"].get(rank, first["pieces"].get(str(rank), []))
+    same = [NAMES[p] for p in PIECES if p in s_rows.get(step, {}) and p not in differ and p not in v["not_compared"]]
+    found.compared.append(f"step {step}, rank {rank}: " + (f"equal {', '.join(same)}; " if same else "")
+                          + f"differ {', '.join(NAMES[p] for p in differ)}")
     for check in (found.changed_outside, found.lossy_weights, found.rngs, found.data, found.lr, found.optimizer):
         try:
             check()
@@ -121,23 +125,21 @@ class Found:
     def lossy_weights(self) -> None:
         if not (self.at_cut and self.differs("params_in")):
             return
-        params = load(self.out / "straight" / f"rank{self.rank}.params.pt")
-        if params is None:
-            self.compared.append("the parameters step K + 1 started from: the straight run's after step K not kept")
+        rounded = self.s.get(self.k, {}).get("params_rounded")
+        if not rounded:
+            self.compared.append(f"the parameters step {self.step} started from: the straight run's after step "
+                                 f"{self.k}, rounded, not recorded")
             return
-        import torch
-
         self.compared.append(f"the parameters the resumed run's step {self.step} started from with the straight "
-                             f"run's after step {self.k}, as they are and rounded to float16 and bfloat16")
-        for dtype in (torch.float16, torch.bfloat16):
-            if digest.of_tensors(p.to(dtype).to(p.dtype) for p in params) == self.r[self.step]["params_in"]:
-                name = str(dtype).removeprefix("torch.")
+                             f"run's after step {self.k}, as they are and rounded to {' and '.join(rounded)}")
+        for name, digested in rounded.items():
+            if digested == self.r[self.step]["params_in"]:
                 saves = [s for s in jsonl(self.out / "stopped", "saves.*.jsonl")
                          if s.get("dtypes", {}).get(name) and s.get("step", 0) <= self.k]
                 where = f"{saves[-1]['where']} {saves[-1]['call']}" if saves and saves[-1].get("where") else None
                 self.causes.append(cause(
-                    "lossy_weights", f"every one of the {len(params)} parameter tensors step {self.step} started from "
-                    f"equals, bit for bit, the straight run's after step {self.k} rounded to {name}"
+                    "lossy_weights", f"every parameter step {self.step} started from equals, bit for bit, the "
+                    f"straight run's after step {self.k} rounded to {name}"
                     + (f", and the stopped run saved {name} tensors" if where else ""), where, dtype=name))
                 return
 
@@ -246,8 +248,7 @@ class Found:
         after = self.s.get(self.k, {})
         if "optimizer_in" not in start or "optimizer" not in after or start["optimizer_in"] == after["optimizer"]:
             return
-        self.compared.append(f"the optimizer state the resumed run started from with the straight run's after each "
-                             "step")
+        self.compared.append("the optimizer state the resumed run started from with the straight run's after each step")
         if start.get("optimizer_in_empty"):
             self.causes.append(cause("optimizer_not_restored", "the resumed run's first step started from an empty "
                                      f"optimizer state; the straight run's after step {self.k} was not empty"))

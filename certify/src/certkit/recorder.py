@@ -36,11 +36,11 @@ model inside the batch, so they show as samples.
                        counts) emptied before the process's first update, as a checkpoint without it would
                        leave it. The repairs and the control are the only times the recorder changes what a
                        process computes (certify --repair, --control)
-  CERTIFY_SAVES        certify --crash: this folder gets every file event under CERTIFY_SAVES_ROOT (saves.py)
+  CERTIFY_SAVES        certify --crash: this folder gets every file event under CERTIFY_SAVES_ROOT (fileevents.py)
   CERTIFY_KEEP_FINAL   at a normal exit, the last stepped optimizer's parameters are kept (rank<R>.final.pt):
                        how far apart two runs' final weights are
-  CERTIFY_KEEP_PARAMS  the straight run: the parameters after this step kept (rank<R>.params.pt), and the
-                       optimizer state's digest without its step counts in that step's row
+  CERTIFY_DIGEST_AT    the straight run: this step's row also holds the digests of its parameters after the
+                       update rounded to float16 and to bfloat16, and of the optimizer state without its steps
   CERTIFY_KEEP_INPUTS_AT  the model's inputs of this step kept (rank<R>.inputs_at.pt)
   CERTIFY_TRACE_AT     the program's draws from the global RNGs until this step's update, from the end of
                        the step before it or the process's start (watch.py: draws.<pid>.jsonl)
@@ -92,7 +92,7 @@ def _rank() -> int:
 class Recorder:
     def __init__(self, folder: str, offset: int = 0, kill_at: int | None = None, keep_rng: int | None = None,
                  restore_rng: str | None = None, keep_inputs: int | None = None, replay_inputs: str | None = None,
-                 empty_optimizer: bool = False, keep_final: bool = False, keep_params: int | None = None,
+                 empty_optimizer: bool = False, keep_final: bool = False, digest_at: int | None = None,
                  keep_inputs_at: int | None = None, trace_at: int | None = None):
         self.folder, self.step, self.kill_at = Path(folder), offset, kill_at
         self.empty_optimizer, self.keep_final, self.stepped = empty_optimizer, keep_final, None
@@ -104,7 +104,7 @@ class Recorder:
         self.replay = Path(replay_inputs) if replay_inputs else None
         self.replayed = None
         self.inputs, self.row, self.file = [], None, None
-        self.keep_params, self.keep_inputs_at, self.trace_at, self.at_inputs = keep_params, keep_inputs_at, trace_at, []
+        self.digest_at, self.keep_inputs_at, self.trace_at, self.at_inputs = digest_at, keep_inputs_at, trace_at, []
         self.watch = None
         self.local = threading.local()  # forward nesting depth, per thread
         self.trainable = weakref.WeakKeyDictionary()
@@ -165,9 +165,9 @@ class Recorder:
         self.scalers = torch.amp.GradScaler._certify_scalers
         if os.environ.get("CERTIFY_SAVES"):  # certify --crash: the stopped run's file events
             try:
-                from . import saves
+                from . import fileevents
 
-                saves.install(os.environ["CERTIFY_SAVES_ROOT"], os.environ["CERTIFY_SAVES"], lambda: self.step,
+                fileevents.install(os.environ["CERTIFY_SAVES_ROOT"], os.environ["CERTIFY_SAVES"], lambda: self.step,
                               self.note)
             except Exception as e:  # noqa: BLE001  (the program runs on, its saves unrecorded)
                 self.note(f"the saves' file events ({type(e).__name__}: {e})")
@@ -342,11 +342,13 @@ class Recorder:
         if scales:
             row["scale"] = scales
         self.step = row["step"]
-        if self.step == self.keep_params:
+        if self.step == self.digest_at:  # what a lossy restore of these weights would give (diagnosis.py)
+            import torch
+
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            row["params_rounded"] = {str(dtype).removeprefix("torch."): digest.of_tensors(
+                p.detach().to(dtype).to(p.dtype) for p in params) for dtype in (torch.float16, torch.bfloat16)}
             row["optimizer_moments"] = digest.of_object(moments(optimizer.state_dict()["state"]))
-            self.folder.mkdir(parents=True, exist_ok=True)
-            torch_save([p.detach().cpu().clone() for group in optimizer.param_groups for p in group["params"]],
-                       self.folder / f"rank{_rank()}.params.pt")
         if self.watch is not None and self.step + 1 == self.trace_at:
             self.watch.start_draws()
         self._write(row)
@@ -447,10 +449,10 @@ def from_environment() -> Recorder | None:
     if not folder:
         return None
     number = {k: int(os.environ[k]) if os.environ.get(k) else None
-              for k in ("CERTIFY_KILL_AT", "CERTIFY_KEEP_RNG", "CERTIFY_KEEP_INPUTS", "CERTIFY_KEEP_PARAMS",
+              for k in ("CERTIFY_KILL_AT", "CERTIFY_KEEP_RNG", "CERTIFY_KEEP_INPUTS", "CERTIFY_DIGEST_AT",
                         "CERTIFY_KEEP_INPUTS_AT", "CERTIFY_TRACE_AT")}
     return Recorder(folder, int(os.environ.get("CERTIFY_STEP_OFFSET", 0)), number["CERTIFY_KILL_AT"],
                     number["CERTIFY_KEEP_RNG"], os.environ.get("CERTIFY_RESTORE_RNG"), number["CERTIFY_KEEP_INPUTS"],
                     os.environ.get("CERTIFY_REPLAY_INPUTS"), bool(os.environ.get("CERTIFY_EMPTY_OPTIMIZER")),
-                    bool(os.environ.get("CERTIFY_KEEP_FINAL")), number["CERTIFY_KEEP_PARAMS"],
+                    bool(os.environ.get("CERTIFY_KEEP_FINAL")), number["CERTIFY_DIGEST_AT"],
                     number["CERTIFY_KEEP_INPUTS_AT"], number["CERTIFY_TRACE_AT"])

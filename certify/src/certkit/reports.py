@@ -10,8 +10,7 @@ from pathlib import Path
 
 from . import outdir
 from .errors import CannotJudge
-from .saves import FAILING
-from .verdict import NAMES, headline, why, why_section
+from .verdict import FAILING, NAMES, headline, why, why_section
 
 
 def difference_line(rank, first: dict) -> str:

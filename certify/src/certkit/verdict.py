@@ -32,6 +32,9 @@ FORMAT = 1  # verdict.json's format (verdict.schema.json beside this module): a 
 RNG = tuple(p for p in PIECES if p.startswith("rng_"))  # what a step may draw from, not what it computed
 # what each process has of its own: on another number of ranks a process gets other slices and draws
 PER_PROCESS = ("samples", "rng_torch", "rng_numpy", "rng_python", "rng_cuda")
+# certify --crash: what resuming a crash state gives (saves.classify), and which of those fail
+OUTCOMES = ("exact", "lost work", "started over", "hard fail", "silent")
+FAILING = OUTCOMES[1:]
 REPAIRED = {"samples": "the straight run's model inputs (every forward after step K)",
             "rng": "the straight run's RNG states (at the first forward of step K + 1)"}
 

@@ -189,10 +189,12 @@ def _torch_mode(watch: Watch):
     import torch
     from torch.overrides import TorchFunctionMode
 
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)  # torch < 2.3
+
     class Draws(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if torch.compiler.is_compiling() or getattr(func, "__name__", None) not in TORCH_DRAWS:
+            if compiling() or getattr(func, "__name__", None) not in TORCH_DRAWS:
                 return func(*args, **kwargs)
             before = watch._before("torch")
             result = func(*args, **kwargs)
