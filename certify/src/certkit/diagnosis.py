@@ -4,7 +4,8 @@ none does, the cause is unknown and the diagnosis says what was compared.
 
 The evidence is what the runs recorded (recorder.py, watch.py): the rows of both runs (the straight run's row
 of step K with its parameters' digests rounded to fp16 and bf16), both runs' model inputs at step K + 1, their
-draws from the global RNGs up to step K + 1's update, and every run's saves. It costs nothing more when the verdict is exact, and is read only here.
+draws from the global RNGs up to step K + 1's update, and every run's saves. It costs nothing more when the
+verdict is exact, and is read only here.
 
   changed outside a step  in a run itself, a step starts from parameters other than those the step before left
   weights restored lossy  the parameters step K + 1 starts from are the straight run's after K rounded to fp16/bf16
@@ -112,13 +113,17 @@ class Found:
                       and rows[t + 1].get("params_in") != rows[t].get("params")), None)
             if t is None:
                 continue
-            saves = [s for s in jsonl(self.out / name, "saves.*.jsonl") if s.get("step") == t and s.get("where")]
-            where = f"{saves[-1]['where']} {saves[-1]['call']}" if saves else None
+            where = self.last_save(name, lambda s, t=t: s.get("step") == t and s.get("where"))
             self.causes.append(cause(
                 "changed_outside_step", f"in the {name} run, step {t + 1} started from parameters other than those "
                 f"step {t}'s update left: something wrote to the live model between the two steps"
                 + (f" (the program saved there: {where})" if where else ""), where, run=name, after_step=t))
             return
+
+    def last_save(self, run: str, chosen) -> str | None:
+        """"file:line call" of the last save RUN made (watch.py's saves.<pid>.jsonl) that CHOSEN keeps, where known."""
+        saves = [s for s in jsonl(self.out / run, "saves.*.jsonl") if chosen(s)]
+        return f"{saves[-1]['where']} {saves[-1]['call']}" if saves and saves[-1].get("where") else None
 
     # --- the weights ---------------------------------------------------------------------------------------
 
@@ -134,9 +139,8 @@ class Found:
                              f"run's after step {self.k}, as they are and rounded to {' and '.join(rounded)}")
         for name, digested in rounded.items():
             if digested == self.r[self.step]["params_in"]:
-                saves = [s for s in jsonl(self.out / "stopped", "saves.*.jsonl")
-                         if s.get("dtypes", {}).get(name) and s.get("step", 0) <= self.k]
-                where = f"{saves[-1]['where']} {saves[-1]['call']}" if saves and saves[-1].get("where") else None
+                where = self.last_save("stopped",
+                                       lambda s: s.get("dtypes", {}).get(name) and s.get("step", 0) <= self.k)
                 self.causes.append(cause(
                     "lossy_weights", f"every parameter step {self.step} started from equals, bit for bit, the "
                     f"straight run's after step {self.k} rounded to {name}"
@@ -178,8 +182,9 @@ class Found:
         draws = [[d for d in jsonl(self.out / name, "draws.*.jsonl") if d.get("rng") == kind
                   and d.get("rank", 0) == self.rank and d.get("step") == self.k] for name in ("straight", "resumed")]
         n = min(map(len, draws))
-        return next((f"{b['where']} {b['call']}" for a, b in zip(draws[0][-n:], draws[1][-n:]) if a["after"] != b["after"]
-                     and b.get("where")), None) if n else None
+        pairs = zip(draws[0][-n:], draws[1][-n:])
+        return next((f"{b['where']} {b['call']}" for a, b in pairs if a["after"] != b["after"] and b.get("where")),
+                    None) if n else None
 
     # --- the data ---------------------------------------------------------------------------------------
 

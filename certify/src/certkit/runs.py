@@ -451,7 +451,8 @@ def straight_and_stopped(runs: Runs, command: list, resume: str, lose: int, agai
     out, stop_after = runs.out, runs.stop_after
     kill_at = stop_after + 1 + lose
     keep = {"CERTIFY_KEEP_INPUTS": stop_after} if repair else {}  # the model's inputs after K: only for a repair
-    keep.update(CERTIFY_KEEP_RNG=stop_after, CERTIFY_KEEP_FINAL=1, **diagnosed(stop_after), CERTIFY_DIGEST_AT=stop_after)
+    keep.update(CERTIFY_KEEP_RNG=stop_after, CERTIFY_KEEP_FINAL=1, CERTIFY_DIGEST_AT=stop_after,
+                **diagnosed(stop_after))
     if straight_from is None:
         code, straight, _ = runs.run("straight", command, "straight", **keep)
     else:
