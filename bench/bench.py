@@ -71,6 +71,7 @@ def parse_args():
 
 def measure(args) -> list:
     """Every section not skipped, in an order where each can use what the earlier ones measured."""
+    from certify_lanes import bench_certify_lanes
     from certify_overhead import bench_certify_overhead
     from ckpt_cost import bench_checkpoint_cost
     from ckpt_io import bench_checkpoint_io
@@ -110,6 +111,8 @@ def measure(args) -> list:
         rows += [dag_overhead(dims, cores) for dims, cores in args.dag]
     if "certify" not in args.skip:
         rows += bench_certify_overhead(args.reps, args.warmup)
+    if "lanes" not in args.skip:
+        rows += bench_certify_lanes()
     return rows
 
 

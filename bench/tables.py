@@ -143,6 +143,14 @@ def render_markdown(rows: list, header: list) -> str:
                    "inputs, the RNGs, the gradients, the LR, AdamW's state and the parameters, a JSON line "
                    "written). The digest rows: the parameters, gradients and AdamW's moments, once each, by "
                    "certkit.digest's multilinear hash and by sha1 (best of the repetitions).")
+    out += section("j. certify's wall time ÷ the straight run alone",
+                   ["verdict", "lanes", "steps", "certify s", "alone s", "÷ alone"],
+                   [[r["what"], r["jobs"], r["steps"], fmt(r["certify_s"], ".1f"), fmt(r["alone_s"], ".1f"),
+                     f"**{r['vs_alone']:.3f}**"] for r in rows if r["section"] == "lanes"],
+                   "examples/plain_loop.py, 1 thread, its steps chosen so that it runs at least 20 s alone; certify "
+                   "with K = half the steps, the resume kept (exact) or its shuffle generator forgotten (not exact: "
+                   "the runs end at the first difference). Alone: the same command without certify, run before and "
+                   "after each certify, the mean of the two.")
     return "\n".join(out) + "\n"
 
 
@@ -219,6 +227,15 @@ def targets_table(rows: list) -> str:
         add("a step under certify's recorder ÷ the same step without, default config, 1 thread",
             recorded["vs_plain_paired"], 1.10, f"i: paired median; digests {fast['gb_per_s']:.2f} GB/s "
             f"(sha1 {sha1['gb_per_s']:.2f}) of {fast['mb_per_step']:.0f} MB a step", shown="1.10")
+    for verdict, limit in (("exact", 1.35), ("not exact", 0.70)):
+        for jobs in ("default", "--jobs 1"):
+            r = one("lanes", what=verdict, jobs=jobs)
+            if r and jobs == "default":
+                add(f"certify's wall time ÷ the straight run alone, {verdict} (K = half), 1-thread plain loop",
+                    r["vs_alone"], limit, f"j: {r['certify_s']:.1f} ÷ {r['alone_s']:.1f} s, default lanes")
+            elif r:
+                lines.append(f"| the same, {verdict}, --jobs 1 | (information) | {r['vs_alone']:.3f} | | "
+                             f"j: {r['certify_s']:.1f} ÷ {r['alone_s']:.1f} s, one run after another |")
     recovery = one("cost", what="recovery")
     if recovery:
         lines.append(f"| recovery: restart to the end of its first step ÷ (one step + one process start) | (reported) "

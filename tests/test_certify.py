@@ -111,7 +111,8 @@ def test_an_emptied_optimizer_state_is_named_optimizer_state_and_so_is_certifys_
     that is not that of the final weights; a negative control (--control) that does not empty the optimizer,
     or is called caught at another step or piece."""
     short = [*PLAIN, "--steps", "8"]
-    proc, verdict = certify(tmp_path / "forgets", 5, short, "--resume {run}/step_{step}.pt --forget optimizer")
+    proc, verdict = certify(tmp_path / "forgets", 5, short, "--resume {run}/step_{step}.pt --forget optimizer",
+                            "--full")
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert (verdict["first"]["step"], verdict["first"]["piece"]) == (6, "optimizer")
     assert verdict["first"]["pieces"] == {"0": ["optimizer", "params"]}
@@ -374,25 +375,31 @@ def test_an_rng_draw_nothing_uses_is_a_warning_not_a_difference_and_the_control_
 def test_runs_that_share_a_checkpoint_folder_are_refused_naming_the_file(tmp_path):
     """Catches: a verdict of exact for a command whose runs share ./checkpoints: the stopped run is killed
     before its thread writes step 4's file, so the resumed run reads the straight run's, and certify would
-    compare the straight run with itself."""
+    compare the straight run with itself. One lane: with the straight run beside it, the stopped run may also
+    find no step 4 file at all, which certify refuses too (checked last, on any message)."""
     work = tmp_path / "work"
     work.mkdir()
     command = [sys.executable, PROGRAMS / "fixed_folder_thread_save.py"]
-    proc, verdict = certify(tmp_path / "out", 4, command, "--resume checkpoints/ckpt_{step}.pt", cwd=work)
+    proc, verdict = certify(tmp_path / "out", 4, command, "--resume checkpoints/ckpt_{step}.pt", "--jobs", "1",
+                            cwd=work)
     lines = proc.stderr.splitlines()
     assert proc.returncode == 2 and verdict is None, proc.stderr[-2000:]
     refusal = next(line for line in lines if line.startswith("certify: "))
     assert str(work / "checkpoints" / "ckpt_4.pt") in refusal and "straight run wrote" in refusal
+    shutil.rmtree(work / "checkpoints")
+    proc, verdict = certify(tmp_path / "lanes", 4, command, "--resume checkpoints/ckpt_{step}.pt", "--jobs", "2",
+                            cwd=work)
+    assert proc.returncode == 2 and verdict is None, proc.stderr[-2000:]
 
 
 def test_an_auto_resume_from_a_fixed_folder_is_refused_naming_the_straight_runs_checkpoint(tmp_path):
     """Catches: a rule that lets a run read another run's checkpoint (the program resumes by itself from the
     newest file in ./checkpoints: the stopped run would continue the straight run's training from its last
-    step), or one that names no file."""
+    step), or one that names no file. One lane: beside it, which run reads which file first is a race."""
     work = tmp_path / "work"
     work.mkdir()
     proc, verdict = certify(tmp_path / "out", 4, [sys.executable, PROGRAMS / "epochs_autoresume.py", "checkpoints"],
-                            cwd=work)
+                            "", "--jobs", "1", cwd=work)
     refusal = next(line for line in proc.stderr.splitlines() if line.startswith("certify: "))
     assert proc.returncode == 2 and verdict is None, proc.stderr[-2000:]
     assert f"the stopped run read {work / 'checkpoints' / 'ckpt_12.pt'}" in refusal
@@ -442,6 +449,12 @@ def test_a_read_is_shared_when_written_after_the_first_step_outside_a_cache(tmp_
     assert shared_read(reads, began, 1000, env={"HF_DATASETS_CACHE": "/scratch/hf_datasets"}) == "/work/out/ckpt_2.pt"
     assert shared_read(reads, began, 800, env={"HF_DATASETS_CACHE": "/scratch/hf_datasets"}) is None
     assert shared_read("450\t/home/u/.cache/x.pt", began, 1000, env={}) is None
+    # beside a straight run (two lanes) the stopped run's checkpoint is written in the same window: what the
+    # reading run's own chain wrote (a path, or its folder) passes; a folder is matched as a folder, not a prefix
+    hf = {"HF_DATASETS_CACHE": "/scratch/hf_datasets"}
+    assert shared_read(reads, began, 1000, env=hf, own={"/work/out/ckpt_2.pt"}) is None
+    assert shared_read(reads, began, 1000, env=hf, own={"/work/out/"}) is None
+    assert shared_read(reads, began, 1000, env=hf, own={"/work/ou/", "/work/out"}) == "/work/out/ckpt_2.pt"
 
 
 def test_run_py_saves_survive_a_crash_at_every_file_event_and_every_power_loss_state(tmp_path):
@@ -465,3 +478,92 @@ def test_run_py_saves_survive_a_crash_at_every_file_event_and_every_power_loss_s
     assert found["checkpoints"] == [2, 4] and found["resumed"] == 12, found["counts"]
     for model in ("process crash", "power loss"):
         assert found["counts"][model]["exact"] > 0 and sum(found["counts"][model].values()) > 0, found["counts"]
+
+
+def test_verdicts_are_the_same_field_for_field_in_one_lane_or_two(tmp_path):
+    """The straight run beside the stopped and resumed runs (--jobs 2), or after them (--jobs 1): the same
+    verdict.json, every field, for an exact resume and for one ended at its first difference. Catches: a
+    verdict that depends on when the runs were ended (its last step, the steps, max |Δw|), a lane's check made
+    in another order, a stopped run's checkpoint taken for the straight run's (written in its window)."""
+    found = {}
+    for resume in ("--resume {run}/step_{step}.pt", "--resume {run}/step_{step}.pt --forget generator"):
+        for jobs in ("1", "2"):
+            out = tmp_path / f"{len(resume)}-{jobs}"
+            proc, found[resume, jobs] = certify(out, 5, [*PLAIN, "--steps", "12"], resume, "--jobs", jobs)
+            assert proc.returncode in (0, 1) and found[resume, jobs], proc.stderr[-2000:]
+            lanes = "two lanes" if jobs == "2" else "one lane"
+            assert f"[certify] {lanes}: " in proc.stderr, proc.stderr[-2000:]
+            if "forget" not in resume:  # compared as they go: the steps after K, said equal as they come
+                assert "12: equal so far" in proc.stderr, proc.stderr[-2000:]
+        assert found[resume, "1"] == found[resume, "2"], resume
+    exact, parted = (found[r, "2"] for r in ("--resume {run}/step_{step}.pt",
+                                              "--resume {run}/step_{step}.pt --forget generator"))
+    assert exact["exact"] and exact["ended_early"] is None and exact["max_abs_dw"] == 0.0
+    assert (parted["first"]["step"], parted["first"]["piece"]) == (6, "samples")
+    assert (parted["ended_early"] or {}).get("step") == 6 and parted["max_abs_dw"] is None
+    assert parted["last_step"] == 6 and parted["steps"]["straight"] == {"0": [1, 6]}
+
+
+def certify_processes(out) -> list:
+    """The pids of processes whose environment names a certificate folder under OUT (/proc: any session)."""
+    marker = f"CERTIFY_RECORD={out}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_runs_ended_at_the_first_difference_leave_no_process_and_name_what_a_full_run_names(tmp_path):
+    """A long resume that forgets its generator: by default certify ends the runs once every rank has parted
+    (the resumed run is "stopped by certify" long before its 400 steps), and says each comparison as it goes;
+    --full runs both to the end. Catches: an early end that leaves a run's process behind (checked in /proc,
+    in every session), a verdict that names another step, rank or piece than the full run's, a max |Δw|
+    reported for runs that were not finished, and no "equal so far" progress."""
+    command = [*PLAIN, "--steps", "400", "--save-every", "5"]
+    resume = "--resume {run}/step_{step}.pt --forget generator"
+    proc, early = certify(tmp_path / "early", 10, command, resume)
+    assert proc.returncode == 1 and early, proc.stderr[-2000:]
+    assert certify_processes(tmp_path / "early") == []
+    assert "stopped by certify" in proc.stderr
+    assert "[certify] step 11: samples (what the model received) differ at rank 0" in proc.stderr, proc.stderr[-2000:]
+    resumed = [json.loads(line) for line in (tmp_path / "early" / "resumed" / "rank0.jsonl").open()]
+    assert len(resumed) < 390, "the resumed run went on to its end"
+    proc, full = certify(tmp_path / "full", 10, command, resume, "--full")
+    assert proc.returncode == 1 and full["ended_early"] is None and full["max_abs_dw"] > 0, proc.stderr[-2000:]
+    assert full["steps"]["resumed"] == {"0": [11, 400]}
+    assert [early["first"][k] for k in ("step", "rank", "piece")] == [full["first"][k] for k in ("step", "rank", "piece")]
+    assert early["first_by_rank"] == full["first_by_rank"]
+    # the same cause, named from step 11 alone (the full run's evidence spans every step after it)
+    assert [(c["class"], c["where"], c.get("how"), c.get("from_step")) for c in early["diagnosis"]["causes"]] == \
+        [(c["class"], c["where"], c.get("how"), c.get("from_step")) for c in full["diagnosis"]["causes"]]
+    assert early["max_abs_dw"] is None and "not measured" in early["ended_early"]["why"]
+    schema = json.loads((Path(SITE).parent / "verdict.schema.json").read_text())
+    jsonschema.validate(early, schema)
+    with pytest.raises(jsonschema.ValidationError):  # the schema says what ended_early holds
+        jsonschema.validate({**early, "ended_early": {"step": "11"}}, schema)
+    assert "not measured" in (tmp_path / "early" / "verdict.md").read_text()
+
+
+@pytest.mark.quick
+def test_the_default_lanes_follow_the_cpus_the_threads_a_gpu_and_launchers(monkeypatch):
+    """Catches: two lanes where a run takes every CPU (torch's default threads), on a GPU two runs would
+    share, or for a launcher that may claim a fixed port (torchrun's 29500)."""
+    from certkit import lanes
+
+    monkeypatch.setattr(lanes, "gpu_visible", lambda env=None: False)
+    python = ["python", "train.py"]
+    assert lanes.default_jobs(python, {"OMP_NUM_THREADS": "1"}, cpus=2)[0] == 2
+    assert lanes.default_jobs(python, {"OMP_NUM_THREADS": "2"}, cpus=2)[0] == 1
+    assert lanes.default_jobs(python, {}, cpus=2)[0] == 1  # torch's default: a thread per CPU
+    assert lanes.default_jobs(python, {"OMP_NUM_THREADS": "1"}, cpus=16)[0] == 2  # two lanes at most
+    assert lanes.default_jobs(["/usr/bin/torchrun", "--nproc-per-node", "2", "t.py"], {"OMP_NUM_THREADS": "1"},
+                              cpus=16)[0] == 1
+    assert lanes.default_jobs(["python", "-m", "torch.distributed.run", "t.py"], {"OMP_NUM_THREADS": "1"},
+                              cpus=16)[0] == 1
+    monkeypatch.setattr(lanes, "gpu_visible", lambda env=None: True)
+    jobs, why = lanes.default_jobs(python, {"OMP_NUM_THREADS": "1"}, cpus=16)
+    assert jobs == 1 and "GPU" in why

@@ -132,12 +132,14 @@ def test_a_resume_value_of_its_own_word_beginning_with_dashes_and_a_padded_step_
     assert len(proc.stdout.splitlines()) == 1 and str(out / "verdict.md") in proc.stdout
     lines = proc.stderr.splitlines()
     assert errors(proc.stderr) == [] and all(line.startswith("[certify] ") for line in lines), proc.stderr
-    # the script makes 6 steps; the stopped run is killed (SIGKILL) before step 4's update; the resume makes 4..6
-    expected = ["straight run started", "straight run ended: exit 0, steps 1-6,",
-                "stopped run started", "stopped run ended: killed by SIGKILL, steps 1-3,",
-                "resumed run started", "resumed run ended: exit 0, steps 4-6,"]
-    where = [next((i for i, line in enumerate(lines) if says in line), None) for says in expected]
-    assert None not in where and where == sorted(where), proc.stderr
+    # the script makes 6 steps; the stopped run is killed (SIGKILL) before step 4's update; the resume makes 4..6;
+    # the straight run in a lane of its own, beside the other two (two lanes here: OMP_NUM_THREADS=1)
+    assert "[certify] two lanes: " in lines[0] or len(os.sched_getaffinity(0)) < 2, proc.stderr
+    for expected in (["straight run started", "straight run ended: exit 0, steps 1-6,"],
+                     ["stopped run started", "stopped run ended: killed by SIGKILL, steps 1-3,",
+                      "resumed run started", "resumed run ended: exit 0, steps 4-6,"]):
+        where = [next((i for i, line in enumerate(lines) if says in line), None) for says in expected]
+        assert None not in where and where == sorted(where), proc.stderr
     assert not marked(marker)
 
 
@@ -251,9 +253,10 @@ def read_until(fd: int, enough, limit: float = 300.0) -> bytes:
 
 def test_on_a_terminal_the_steps_are_one_line_redrawn_in_place(tmp_path, marker):
     """Catches: progress on a terminal that never shows the steps, or scrolls a line per look, or leaves its
-    redrawn line unfinished under the next line (here the one that says certify was interrupted)."""
+    redrawn line unfinished under the next line (here the one that says certify was interrupted). One lane:
+    two runs side by side each say their steps as lines."""
     terminal, stderr = pty.openpty()
-    certify = subprocess.Popen(certify_argv(tmp_path / "out", 3, [*SCRIPT, *FOREVER, "--notes", marker]),
+    certify = subprocess.Popen(certify_argv(tmp_path / "out", 3, [*SCRIPT, *FOREVER, "--notes", marker], "--jobs", "1"),
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=ENV)
     os.close(stderr)
     try:

@@ -70,8 +70,8 @@ def tiny(tmp_path_factory):
 
 
 def certify(out, stop_after, command, resume, env):
-    proc = subprocess.run([*CERTIFY, "--out", str(out), "--stop-after", str(stop_after), "--resume", resume, "--",
-                           *map(str, command)], capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run([*CERTIFY, "--out", str(out), "--stop-after", str(stop_after), "--resume", resume, "--full",
+                           "--", *map(str, command)], capture_output=True, text=True, env=env, timeout=600)
     verdict = json.loads((out / "verdict.json").read_text()) if (out / "verdict.json").exists() else None
     return proc, verdict
 

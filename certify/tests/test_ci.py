@@ -81,7 +81,8 @@ def test_the_summary_is_markdown_with_the_verdict_the_difference_the_steps_and_t
     tokens = MarkdownIt().enable("table").parse(text)
     headings = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open"]
     assert headings == ["certify: exact", "certify: not exact", "Why (step 4, rank 0)", "certify: could not judge"]
-    assert "the resumed run's samples at steps 4..8 are the straight run's of steps 1..5" in text
+    # judged through the first difference (the runs ended there): the evidence is step 4's
+    assert "the resumed run's samples at step 4 are the straight run's of step 1" in text
     assert sum(t.type == "table_open" for t in tokens) == 2
     assert "| 0 | step 4: samples (what the model received) |" in text
     assert "Compared: optimizer steps 4..8" in text
@@ -105,7 +106,7 @@ def test_the_action_passes_every_input_to_the_command_line_and_splits_the_comman
     given = {**{k: v.get("default", "") for k, v in action["inputs"].items()},
              "command": "python 'my train.py' --out {run}",
              "stop-after": "3", "resume": "--resume {run}/x.pt", "repair": "true", "junit": "j.xml", "crash": "true",
-             "max-points": "7", "jobs": "3"}
+             "max-points": "7", "jobs": "3", "full": "true"}
     env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
            "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md")}
     for name, value in step["env"].items():  # ${{ inputs.X }}, as the runner fills it in
@@ -117,7 +118,7 @@ def test_the_action_passes_every_input_to_the_command_line_and_splits_the_comman
     assert argv[argv.index("--") + 1:] == ["python", "my train.py", "--out", "{run}"]
     assert (args.stop_after, args.resume, args.repair, args.control, str(args.junit), str(args.summary)) == \
         (3, "--resume {run}/x.pt", True, False, "j.xml", str(tmp_path / "summary.md"))
-    assert (args.crash, args.max_points, args.jobs, args.failure_model) == (True, 7, 3, "both")
+    assert (args.crash, args.max_points, args.jobs, args.failure_model, args.full) == (True, 7, 3, "both", True)
 
 
 @pytest.fixture(scope="session")

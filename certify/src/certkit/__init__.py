@@ -13,6 +13,7 @@ in the program's process, loaded by site/ (torch, numpy, the standard library an
 the orchestration: the runs, their processes and the out folder
   cli.py         the `certify` command (python -m certkit)
   runs.py        the command run straight, stopped by a real SIGKILL, and resumed
+  lanes.py       the straight run beside the stopped and resumed runs, compared as they go, ended early
   saves.py       certify --crash: the stopped run's saves read back, every crash state rebuilt and resumed
   processes.py   every process a run starts ended and reaped with it (certify is their subreaper); signals
   outdir.py      the --out folder: its lock, the manifest of what certify wrote there, whole-or-nothing writes

@@ -85,9 +85,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-points", type=int, default=64, metavar="N",
                    help="--crash: resume at most N distinct crash states, shared between the failure models and "
                         "spread evenly within each (default 64)")
-    p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="--crash: resume N crash states at once, each in its own folder (default 1; the command "
-                        "must not claim a fixed port or a GPU for itself)")
+    p.add_argument("--jobs", type=int, metavar="N",
+                   help="runs at once, each in its own folder (the command must not claim a fixed port or a GPU "
+                        "for itself): 2 runs the straight run beside the stopped and resumed runs (default: 2 where "
+                        "the CPUs hold two runs' threads, 1 with a GPU or a launcher such as torchrun); with --crash, "
+                        "N crash states resumed at once (default 1)")
+    p.add_argument("--full", action="store_true", help="run a resume that is not exact to the end and measure "
+                   "max |Δw| (by default the runs end once every rank has parted: the verdict is the same)")
     p.add_argument("--failure-model", choices=["both", "process", "power"], default="both",
                    help="--crash: process crash (a kill before each file event, the last write torn), power loss "
                    "(what was not fsynced may be lost), or both (default)")
@@ -122,11 +126,11 @@ def judged(args, command: list) -> dict:
             raise CannotJudge(f"--crash resumes every crash state of the saves up to step K's: {other} does not apply")
         models = {"both": saves.MODELS, "process": saves.MODELS[:1], "power": saves.MODELS[1:]}[args.failure_model]
         return saves.certify_crash(command, args.resume, args.out, args.stop_after, args.timeout, args.max_points,
-                                   models, args.jobs)
-    if args.jobs != 1:
-        raise CannotJudge("--jobs applies to --crash: a resume's runs are made one after another")
+                                   models, 1 if args.jobs is None else args.jobs)
+    if args.jobs is not None and args.jobs < 1:
+        raise CannotJudge(f"--jobs must be at least 1 (got {args.jobs})")
     return certify(command, args.resume, args.out, args.stop_after, args.lose, args.timeout, args.repair,
-                   args.control, args.again, args.resume_command, args.straight_from)
+                   args.control, args.again, args.resume_command, args.straight_from, args.jobs, args.full)
 
 
 def report(args, argv: list, found: dict | None, error: str | None = None) -> None:

@@ -77,11 +77,20 @@ class Watch:
         self.drawn, self.said = False, time.monotonic()
 
     def write(self, text: str) -> None:
-        try:
-            self.stream.write(text)
-            self.stream.flush()
-        except (OSError, ValueError):  # a closed terminal: certify carries on without telling
-            pass
+        write(self.stream, text)
+
+
+def say(stream, line: str) -> None:
+    """A line of certify's own, not one run's (the runs compared as they go: lanes.Stream); STREAM: stderr."""
+    write(stream or sys.stderr, PREFIX + line + "\n")
+
+
+def write(stream, text: str) -> None:
+    try:
+        stream.write(text)
+        stream.flush()
+    except (OSError, ValueError):  # a closed terminal: certify carries on without telling
+        pass
 
 
 def how(code: int | None) -> str:

@@ -15,7 +15,8 @@ Nothing a hook does may break the program: a tensor it cannot read (on the meta 
 subclass tensor) is skipped, a forward of a model whose parameters are on the meta device (a FLOP counter)
 is no training forward, and any error inside a hook is caught and written to notes.<pid>.txt ("not recorded:
 why"), never raised into the program. An audit hook notes each file the process opens for reading
-(reads.<pid>.txt, with its mtime): certify checks that no run read what another run wrote while it trained.
+(reads.<pid>.txt, with its mtime) and each it opens for writing or renames onto (writes.<pid>.txt): certify
+checks that no run read what another run wrote while it trained.
 
 Samples are what the model received, not what a DataLoader yielded: Accelerate and Lightning read a batch
 ahead, and Accelerate's resume reads the batches it skips, so a loader's yield moves in time between a
@@ -109,7 +110,7 @@ class Recorder:
         self.local = threading.local()  # forward nesting depth, per thread
         self.trainable = weakref.WeakKeyDictionary()
         self.scalers, self.handles = (), []
-        self.noted, self.read = set(), set()
+        self.noted, self.read, self.written, self.write_log = set(), set(), set(), None
         self.own = self.folder.parent.resolve()  # certify's --out: its own files are not the program's reads
 
     def note(self, why: str) -> None:
@@ -125,14 +126,18 @@ class Recorder:
             pass
 
     def _on_audit(self, event: str, args) -> None:
-        """The files the program opens for reading (a path, once each), with their mtime when first read."""
-        if event != "open" or not self.read_log:
+        """The files the program opens for reading (a path, once each), with their mtime when first read; the
+        files it opens for writing or renames onto (os.rename, os.replace), once each."""
+        if event not in ("open", "os.rename") or not self.read_log:
             return
         try:
-            path, mode = args[0], args[1]
-            if not isinstance(path, (str, bytes, os.PathLike)) or (mode is not None and set(str(mode)) & set("wax+")):
+            path, mode = (args[0], args[1]) if event == "open" else (args[1], "w")
+            if not isinstance(path, (str, bytes, os.PathLike)):
                 return
             path = os.path.abspath(os.fsdecode(path))
+            if mode is not None and set(str(mode)) & set("wax+"):
+                self._wrote(path)
+                return
             if path in self.read or path.endswith((".py", ".pyc", ".so")) or path.startswith(SYSTEM):
                 return
             self.read.add(path)
@@ -143,6 +148,16 @@ class Recorder:
             self.read_log.flush()
         except Exception:  # noqa: BLE001  (a file that vanished, a path it cannot decode: not a read it can judge)
             pass
+
+    def _wrote(self, path: str) -> None:
+        if path in self.written or path.startswith(str(self.own) + os.sep) and not path.startswith(
+                str(self.own / "runs") + os.sep):
+            return
+        self.written.add(path)
+        if self.write_log is None:
+            self.write_log = open(self.folder / f"writes.{os.getpid()}.txt", "a")
+        self.write_log.write(path + "\n")
+        self.write_log.flush()
 
     def install(self) -> None:
         import torch

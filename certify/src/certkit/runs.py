@@ -9,6 +9,7 @@ stopped and the resumed run share), {step} is K, with a format spec if it has on
 
 import concurrent.futures
 import contextlib
+import functools
 import json
 import os
 import re
@@ -20,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import diagnosis, outdir, processes, progress, verdict
+from . import diagnosis, lanes, outdir, processes, progress, verdict
 from .errors import CannotJudge, ResumeFailed, StraightFailed
 
 SITE = Path(__file__).parent / "site"
@@ -82,12 +83,14 @@ class LogCopy:
         return None if self.error is None else outdir.cannot(self.log, self.error)
 
 
-def execute(name: str, argv: list, env: dict, out: Path, timeout: float, beside: bool = False) -> int:
+def execute(name: str, argv: list, env: dict, out: Path, timeout: float, beside: bool = False,
+            stop: threading.Event | None = None) -> int | None:
     """ARGV to its end, in a session of its own, its output copied to OUT/NAME.log; then everything it
     started is ended and reaped: its process group (DataLoader workers, ranks) and every other descendant
     (a daemon that left the session comes to certify, its subreaper). What it wrote goes into OUT's manifest.
     BESIDE: other runs go on meanwhile (--jobs), so of the descendants only those whose environment holds
-    this run's CERTIFY_RECORD are its own (Runs.map ends any other when the last run is done)."""
+    this run's CERTIFY_RECORD are its own (Runs.map ends any other when the last run is done). STOP: once
+    set, the run is ended (the verdict is known: lanes.Stream) and its exit status is None."""
     log, spared = out / f"{name}.log", set(processes.descendants(os.getpid()))  # not the run's: left alone
     owner = f"CERTIFY_RECORD={env['CERTIFY_RECORD']}".encode() if beside and "CERTIFY_RECORD" in env else None
     watch = progress.Watch(name, Path(env.get("CERTIFY_RECORD", out / name)), argv, redraw=not beside)
@@ -95,7 +98,7 @@ def execute(name: str, argv: list, env: dict, out: Path, timeout: float, beside:
     try:
         with processes.held():
             proc, copy = start(argv, env, log)
-        code = wait(proc, watch, timeout)
+        code = wait(proc, watch, timeout, stop)
     except subprocess.TimeoutExpired:
         raise CannotJudge(f"the {name} run took longer than {timeout:g} s (--timeout)", log) from None
     finally:
@@ -132,15 +135,18 @@ def start(argv: list, env: dict, log: Path) -> tuple:
     return proc, LogCopy(proc.stdout, file, log)
 
 
-def wait(proc, watch, timeout: float) -> int:
-    """PROC's exit status, its progress shown meanwhile; subprocess.TimeoutExpired after TIMEOUT seconds."""
+def wait(proc, watch, timeout: float, stop: threading.Event | None = None) -> int | None:
+    """PROC's exit status, its progress shown meanwhile; subprocess.TimeoutExpired after TIMEOUT seconds; None
+    as soon as STOP is set."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return proc.wait(max(0.0, min(watch.every, deadline - time.monotonic())))
+            return proc.wait(max(0.0, min(0.5 if stop else watch.every, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
             if time.monotonic() >= deadline:
                 raise
+            if stop is not None and stop.is_set():
+                return None
             watch.poll()
 
 
@@ -173,14 +179,17 @@ def training_began(rows: dict, fallback: int) -> int:
     return min(times) if times and None not in times else fallback
 
 
-def shared_read(reads: str, began: int, ended: int, env=os.environ) -> str | None:
+def shared_read(reads: str, began: int, ended: int, env=os.environ, own=frozenset()) -> str | None:
     """The first path of a reads.<pid>.txt (lines "mtime<TAB>path") last written between BEGAN and ENDED, the
     straight run's training, outside a cache; None where there is none. What a run wrote before its first
     optimizer step (a tokenized dataset, a lock, a preprocessing cache) is the same for every run and passes:
-    a checkpoint cannot be older than the first step it holds."""
+    a checkpoint cannot be older than the first step it holds. So does what the reading run's own chain
+    wrote and the straight run did not (OWN: paths, or folders ending in os.sep): while the straight run
+    trains beside it (lanes), the stopped run's checkpoint is written in the same window."""
     for line in reads.splitlines():
         mtime, _, path = line.partition("\t")
-        if mtime.isdigit() and began <= int(mtime) <= ended and not cache(path, env):
+        if mtime.isdigit() and began <= int(mtime) <= ended and not cache(path, env) \
+                and path not in own and not path.startswith(tuple(p for p in own if p.endswith(os.sep))):
             return path
     return None
 
@@ -208,6 +217,7 @@ def repaired(found: dict, straight: dict, run) -> dict:
     return {"restored": pieces, "exact": first is None, "first": first}
 
 
+CHAIN = ("stopped", "resumed.first", "resumed")  # the runs that share the stopped run's folder, one after another
 CONTROL_PIECE = "optimizer"  # what the negative control empties, and where the certificate must see it
 
 
@@ -249,22 +259,28 @@ class Runs:
         self.checkpoint_copy = out / "runs" / "repair-base"
         self.windows, self.straight, self.rows = {}, {}, {}  # rows: the repaired and control runs', aligned
         self.beside = None  # while Runs.map runs several at once: the event that stops them
+        self.stop = threading.Event()  # set when the verdict is known not exact: the runs in flight end (lanes.Stream)
+        self.deferred = None  # while the straight run runs beside them: the runs whose reads are judged after it
 
     def run(self, name: str, argv: list, folder: str, step: int | None = None, **settings) -> tuple:
-        """(exit code, its certificate's rows, whether it was killed). The straight run's command, settings
-        and time go to straight.json, for a later certify to reuse (reuse_straight)."""
+        """(exit code, its certificate's rows, whether it was killed); the exit code None where certify ended it
+        at the first difference (lanes.Stream). The straight run's command, settings and time go to
+        straight.json, for a later certify to reuse (reuse_straight)."""
         settings = {k: str(v) for k, v in settings.items()}
         env = {**self.env, "CERTIFY_RECORD": str(self.out / name), **settings}
         template, argv = argv, substitute(argv, self.out / "runs" / folder, self.stop_after if step is None else step)
         began = time.time_ns()
         if self.beside is not None and self.beside.is_set():
             raise CannotJudge(f"the {name} run was not started: another run beside it failed")
-        code = execute(name, argv, env, self.out, self.timeout, beside=self.beside is not None)
+        code = execute(name, argv, env, self.out, self.timeout, beside=self.beside is not None,
+                       stop=self.stop if name in ("straight", "resumed") else None)
         self.windows[name] = (began, time.time_ns())
         if name == "straight":
             outdir.write_atomic(self.out / STRAIGHT, json.dumps(
                 {"command": template, "settings": settings, "window": self.windows[name], "exit": code}) + "\n")
             outdir.record(self.out)
+        elif self.deferred is not None:
+            self.deferred.append(name)
         else:
             self.refuse_shared(name)
         return code, *verdict.read(self.out / name)
@@ -336,13 +352,28 @@ class Runs:
         runs share a checkpoint, so the resume may continue the straight run's training rather than its own,
         and each run overwrites the other's (shared_read)."""
         began = training_began(self.straight, self.windows["straight"][0])
+        folders = {str(f) + os.sep for f in (self.out / "runs").iterdir() if f.name != "straight"}  # the runs' own
+        own = self.written(*CHAIN) - self.written("straight") | folders
         for log in sorted((self.out / name).glob("reads.*.txt")):
-            path = shared_read(log.read_text(errors="replace"), began, self.windows["straight"][1])
+            path = shared_read(log.read_text(errors="replace"), began, self.windows["straight"][1], own=own)
             if path is not None:
                 raise CannotJudge(f"the {name} run read {path}, which the straight run wrote after its first "
                                   "optimizer step: the runs share a checkpoint, so a resume may continue the other "
                                   "run's training (give each run its own folder, with {run} in the command's paths)",
                                   self.out / f"{name}.log")
+
+    def written(self, *names) -> set:
+        """The paths runs NAMES wrote, as their recorders saw: opened for writing or renamed onto (the audit
+        hook's writes.<pid>.txt) or saved by torch.save or save_file (watch.py's saves.<pid>.jsonl)."""
+        paths = set()
+        for name in names:
+            for log in (self.out / name).glob("writes.*.txt"):
+                paths.update(log.read_text(errors="replace").splitlines())
+            for log in (self.out / name).glob("saves.*.jsonl"):
+                for line in log.read_text(errors="replace").splitlines():
+                    with contextlib.suppress(ValueError, AttributeError):
+                        paths.add(json.loads(line).get("path"))
+        return paths - {None, ""}
 
     def notes(self) -> dict:
         """{run: what its recorders could not record} (notes.<pid>.txt), for the runs that have any."""
@@ -393,7 +424,7 @@ def check_options(command: list, resume_command, stop_after: int, lose: int, aga
 
 def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 0, timeout: float = 3600,
             repair: bool = False, control: bool = False, again: int = 0, resume_command: list | None = None,
-            straight_from: Path | None = None) -> dict:
+            straight_from: Path | None = None, jobs: int | None = 1, full: bool = False) -> dict:
     """The verdict on COMMAND's resume (verdict.judge's dict), with verdict.json, verdict.md and parting.svg
     written to OUT. REPAIR: where the first difference is samples or an RNG, resumed runs with the straight
     run's inputs or RNG states put back say whether they were all the checkpoint forgot. CONTROL: one more
@@ -402,24 +433,37 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
     repair or control then: each puts its pieces back once, after K). RESUME_COMMAND: the resumed runs run it
     instead of COMMAND (another launcher, another number of ranks), the resume arguments added to it.
     STRAIGHT_FROM: the --out of an earlier certify of COMMAND, whose straight run is reused (Runs.reuse_straight).
-    Raises CannotJudge."""
+    JOBS: 2 runs the straight run beside the stopped and the resumed run (lanes.py); None: what the machine
+    allows (lanes.default_jobs). FULL: a verdict that is
+    not exact is still judged to the end, with max |Δw|; otherwise the runs end once every rank has parted
+    (the verdict is the same). Raises CannotJudge."""
     check_options(command, resume_command, stop_after, lose, again, repair, control)
     resuming = (resume_command or command) + shlex.split(resume)
     out = out.resolve()
     prepare(out)
     runs = Runs(out, timeout, stop_after, resuming)
-    straight, stopped, killed = straight_and_stopped(runs, command, resume, lose, again, repair,
-                                                     straight_from and Path(straight_from).resolve())
-    if repair or control:
-        runs.keep_checkpoint()
-    resumed, start = resumed_runs(runs, resume, again, lose)
+    jobs, why = (jobs, "--jobs") if jobs else lanes.default_jobs(command)
+    progress.say(None, ("two lanes: the straight run beside the stopped and resumed runs" if jobs > 1 and
+                        not straight_from else "one lane: the runs one after another") + f" ({why})")
+    kill_at = stop_after + 1 + lose
+    early = not (full or repair or control or again or resume_command)
+    stream = None if again or resume_command else lanes.Stream(out, stop_after, kill_at, runs.stop, early)
+    straight, stopped, killed, legs = two_lanes(runs, command, resume, lose, again, repair, control,
+                                                straight_from and Path(straight_from).resolve(), jobs, stream)
+    resumed, start = aligned_legs(runs, *legs, again, lose)
+    ended = verdict.parted(straight, stopped, resumed, start, kill_at) if early else None
+    if ended:
+        straight, resumed = verdict.truncated(straight, max(ended, kill_at - 1)), verdict.truncated(resumed, ended)
     found = verdict.judge(straight, stopped, resumed, killed, stop_after, other_world=resume_command is not None,
                           resumed_from=start)
     if not found["deterministic"]:
         b = found["before_kill"]
         raise CannotJudge(f"the command does not repeat itself: its straight and stopped runs differ at step "
                           f"{b['step']}, rank {b['rank']} ({verdict.NAMES[b['piece']]}), before any stop")
-    found["max_abs_dw"] = verdict.final_gap(out / "straight", out / "resumed", set(resumed))
+    found["ended_early"] = ended and {
+        "step": ended, "why": f"not exact, and every rank had parted by step {ended}: the straight and the resumed "
+        "run were ended there, so max |Δw| is not measured (--full runs them to the end)"}
+    found["max_abs_dw"] = None if ended else verdict.final_gap(out / "straight", out / "resumed", set(resumed))
     found["diagnosis"] = diagnosis.diagnose(found, straight, resumed, out)
     if repair:
         found["repair"] = repaired(found, straight, lambda pieces: runs.resumed_again("repaired", pieces))
@@ -437,6 +481,56 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
     return found
 
 
+def two_lanes(runs: Runs, command: list, resume: str, lose: int, again: int, repair: bool, control: bool,
+              straight_from: Path | None, jobs: int, stream) -> tuple:
+    """(straight, stopped, killed, (first leg, resumed)): the straight run, and the stopped run then the resumed
+    run(s); with JOBS > 1 the two lanes side by side, every check made in the order one after another makes
+    them (the reads of the chain's runs judged once the straight run's window is known). STREAM compares the
+    resumed run with the straight run as both go."""
+    def chain() -> tuple:
+        stopped, killed = stopped_run(runs, command, resume, lose, again)
+        if repair or control:
+            runs.keep_checkpoint()
+        return stopped, killed, resumed_legs(runs, resume, again)
+
+    keep = kept(runs.stop_after, repair)
+    if stream:
+        stream.start()
+    try:
+        if jobs <= 1 or straight_from is not None:
+            straight = straight_run(runs, command, lose, again, keep, straight_from)
+            return straight, *chain()
+        runs.deferred, failed = [], []
+
+        def deferring() -> tuple | None:
+            try:
+                return chain()
+            except CannotJudge as e:  # raised once the reads of the runs before it are judged, as in one lane
+                failed.append((len(runs.deferred), e))
+
+        straight, legs = runs.map(lambda lane: lane(), [(functools.partial(straight_run, runs, command, lose, again,
+                                                                           keep, straight_from),), (deferring,)], 2)
+        for n, name in enumerate(runs.deferred + [None]):
+            if failed and failed[0][0] == n:
+                raise failed[0][1]
+            if name:
+                runs.refuse_shared(name)
+        return straight, *legs
+    finally:
+        runs.deferred = None
+        if stream:
+            stream.finish()
+
+
+def kept(stop_after: int, repair: bool) -> dict:
+    """What the straight run keeps: its RNG states after K, its final weights, step K's digests and step K + 1's
+    inputs and draws; with REPAIR its inputs after K."""
+    keep = {"CERTIFY_KEEP_INPUTS": stop_after} if repair else {}  # the model's inputs after K: only for a repair
+    keep.update(CERTIFY_KEEP_RNG=stop_after, CERTIFY_KEEP_FINAL=1, CERTIFY_DIGEST_AT=stop_after,
+                **diagnosed(stop_after))
+    return keep
+
+
 def diagnosed(stop_after: int) -> dict:
     """What the straight and the resumed run keep of step K + 1 for a diagnosis (diagnosis.py): its model inputs
     and its draws from the global RNGs."""
@@ -444,32 +538,41 @@ def diagnosed(stop_after: int) -> dict:
 
 
 def straight_and_stopped(runs: Runs, command: list, resume: str, lose: int, again: int, repair: bool,
-                         straight_from: Path | None = None, saves: dict | None = None) -> tuple:
-    """The straight run (its RNG states after K kept, and with REPAIR its inputs after K; or STRAIGHT_FROM's,
-    reused), then the stopped run, killed before step K + 1 + LOSE with its checkpoint of K on disk (SAVES:
-    its settings to record its file events, certify --crash): (straight, stopped, killed)."""
+                         saves: dict | None = None) -> tuple:
+    """The straight run, then the stopped run (SAVES: its settings to record its file events, certify --crash):
+    (straight, stopped, killed)."""
+    straight = straight_run(runs, command, lose, again, kept(runs.stop_after, repair))
+    return straight, *stopped_run(runs, command, resume, lose, again, saves)
+
+
+def straight_run(runs: Runs, command: list, lose: int, again: int, keep: dict, straight_from: Path | None = None):
+    """The straight run's certificate (KEEP: what it keeps; or STRAIGHT_FROM's straight run, reused), checked:
+    it ran, it stepped, and it makes the steps the kills need."""
     out, stop_after = runs.out, runs.stop_after
-    kill_at = stop_after + 1 + lose
-    keep = {"CERTIFY_KEEP_INPUTS": stop_after} if repair else {}  # the model's inputs after K: only for a repair
-    keep.update(CERTIFY_KEEP_RNG=stop_after, CERTIFY_KEEP_FINAL=1, CERTIFY_DIGEST_AT=stop_after,
-                **diagnosed(stop_after))
     if straight_from is None:
         code, straight, _ = runs.run("straight", command, "straight", **keep)
     else:
         code, straight, _ = runs.reuse_straight(straight_from, command, **keep)
-    if code != 0:
+    if code not in (0, None):  # None: ended by certify, the verdict known (lanes.Stream)
         raise StraightFailed(f"the straight run failed (exit {code}): {last_line(out / 'straight.log')}",
                           out / "straight.log")
     runs.straight = straight
     if not straight:
         raise CannotJudge("the command made no optimizer step: certify records torch.optim optimizers in Python "
                           "processes started without -I or -E", out / "straight.log")
-    last = max(max(rows) for rows in straight.values())
-    if max(kill_at, again + 1) > last:
+    last, kill_at = max(max(rows) for rows in straight.values()), stop_after + 1 + lose
+    if code == 0 and max(kill_at, again + 1) > last:
         options = (f"--stop-after {stop_after}" + (f" --lose {lose}" if lose else "")
                    + (f" --again {again}" if again else ""))
         raise CannotJudge(f"{options}: the run makes {last} optimizer steps, so the kill before step "
                           f"{max(kill_at, again + 1)} would never come")
+    return straight
+
+
+def stopped_run(runs: Runs, command: list, resume: str, lose: int, again: int, saves: dict | None = None) -> tuple:
+    """(stopped, killed): the stopped run, killed before step K + 1 + LOSE with its checkpoint of K on disk."""
+    out, stop_after = runs.out, runs.stop_after
+    kill_at = stop_after + 1 + lose
     code, stopped, killed = runs.run("stopped", command, "resumed", CERTIFY_KILL_AT=kill_at, **(saves or {}))
     if not killed:
         raise CannotJudge(f"the stopped run was not killed before step {kill_at}: it ended with exit {code}",
@@ -478,15 +581,14 @@ def straight_and_stopped(runs: Runs, command: list, resume: str, lose: int, agai
     if path:
         raise CannotJudge(f"no checkpoint {path}: the stopped run saved none at step {stop_after} "
                           "(does the command save one there?)", out / "stopped.log")
-    return straight, stopped, killed
+    return stopped, killed
 
 
-def resumed_runs(runs: Runs, resume: str, again: int, lose: int = 0) -> tuple[dict, int]:
-    """(the resumed run's certificate, numbered from the step whose state it really started from; that step).
-    With AGAIN, both legs: the first killed again after its own checkpoint of AGAIN, the second resumed from
-    that. A run that starts from a state the stopped run never reached read another run's checkpoint."""
+def resumed_legs(runs: Runs, resume: str, again: int) -> tuple:
+    """(the first leg's rows, the resumed run's rows), as recorded: with AGAIN, the first resumed run killed
+    again after its own checkpoint of AGAIN, and the second resumed from that; else no first leg."""
     out, stop_after, resuming = runs.out, runs.stop_after, runs.resuming
-    first_leg, start = {}, None
+    first_leg = {}
     if again:
         code, first_leg, killed_again = runs.run("resumed.first", resuming, "resumed",
                                                  CERTIFY_STEP_OFFSET=stop_after, CERTIFY_KILL_AT=again + 1)
@@ -496,14 +598,23 @@ def resumed_runs(runs: Runs, resume: str, again: int, lose: int = 0) -> tuple[di
         if path:
             raise ResumeFailed(f"resume failed: the first resumed run saved no checkpoint {path}",
                               out / "resumed.first.log")
-        first_leg, start = runs.aligned(first_leg, stop_after)
     code, resumed, _ = runs.run("resumed", resuming, "resumed", again or stop_after,
                                 CERTIFY_STEP_OFFSET=again or stop_after, CERTIFY_KEEP_FINAL=1,
                                 **({} if again else diagnosed(stop_after)))
-    if code != 0:
+    if code not in (0, None):
         raise ResumeFailed(f"resume failed: {last_line(out / 'resumed.log')}", out / "resumed.log")
     if not resumed:
         raise ResumeFailed("resume failed: the resumed run made no optimizer step", out / "resumed.log")
+    return first_leg, resumed
+
+
+def aligned_legs(runs: Runs, first_leg: dict, resumed: dict, again: int, lose: int = 0) -> tuple[dict, int]:
+    """(the resumed run's certificate, numbered from the step whose state it really started from; that step).
+    With AGAIN, both legs. A run that starts from a state the stopped run never reached read another run's
+    checkpoint."""
+    out, stop_after, start = runs.out, runs.stop_after, None
+    if again:
+        first_leg, start = runs.aligned(first_leg, stop_after)
     resumed, second = runs.aligned(resumed, again or stop_after)
     start = second if start is None else start
     if start > stop_after + lose:

@@ -113,6 +113,12 @@ def relabelled(leg: dict, offset: int, start: int) -> dict:
     return {r: {s + shift: {**row, "step": s + shift} for s, row in rows.items()} for r, rows in leg.items()}
 
 
+def unseeded_rngs(straight: dict, stopped: dict) -> list:
+    """The global RNGs a command never seeds: they differ between its straight and stopped run at step 1."""
+    return sorted({p for p in RNG for r in straight
+                   if 1 in stopped.get(r, {}) and straight[r][1].get(p) != stopped[r][1].get(p)})
+
+
 def judge(straight: dict, stopped: dict, resumed: dict, killed: dict, stop_after: int,
           other_world: bool = False, resumed_from: int | None = None) -> dict:
     """The verdict on three runs' certificates: straight, stopped (killed before step KILLED's update) and
@@ -126,8 +132,7 @@ def judge(straight: dict, stopped: dict, resumed: dict, killed: dict, stop_after
     # a global RNG the command never seeds starts from the OS's entropy in every process: it differs between
     # two fresh runs from their first step. Left uncompared: if the command draws from it, what it drew
     # differs too (samples, gradients) and the runs are found not to repeat themselves.
-    unseeded = sorted({p for p in PIECES if p.startswith("rng_") for r in straight
-                       if 1 in stopped.get(r, {}) and straight[r][1].get(p) != stopped[r][1].get(p)})
+    unseeded = unseeded_rngs(straight, stopped)
     before_kill = first_difference(straight, stopped, range(1, killed_at), unseeded)
     rescaled = other_world and set(resumed) != set(straight)
     compared = {r: rows for r, rows in straight.items() if r in resumed} if rescaled else straight
@@ -151,6 +156,22 @@ def judge(straight: dict, stopped: dict, resumed: dict, killed: dict, stop_after
                                       "resumed": steps_of(resumed)},
             "killed_at": killed, "stop_after": stop_after, "last_step": last, "not_compared": unseeded,
             "ranks": {"straight": len(set(stopped) | set(straight)), "resumed": len(resumed)} if rescaled else None}
+
+
+def parted(straight: dict, stopped: dict, resumed: dict, start: int, kill_at: int) -> int | None:
+    """The step by which every rank of the resumed run has parted from the straight run, where each has (and
+    the straight run got past the kill): the verdict's last step when the runs end at the first difference.
+    A function of the certificates alone, so that the verdict is the same whenever the runs were ended."""
+    if min(max(rows) for rows in straight.values()) < kill_at - 1:
+        return None
+    ignore, steps = unseeded_rngs(straight, stopped), range(start + 1, max(max(r) for r in straight.values()) + 1)
+    each = [first_difference({r: rows}, {r: resumed.get(r, {})}, steps, ignore) for r, rows in straight.items()]
+    return None if any(f is None or f["piece"] == "missing" for f in each) else max(f["step"] for f in each)
+
+
+def truncated(rows: dict, last: int) -> dict:
+    """ROWS up to step LAST."""
+    return {r: {s: row for s, row in by_step.items() if s <= last} for r, by_step in rows.items()}
 
 
 def final_gap(a, b, ranks=None) -> float | None:
@@ -250,6 +271,15 @@ def warnings(v: dict) -> list:
     return lines
 
 
+def final_parameters(v: dict) -> list:
+    """verdict.md's lines on the final parameters: how far apart they ended, or why that was not measured."""
+    if v.get("ended_early"):
+        return [f"Final parameters: {v['ended_early']['why']}.", ""]
+    if v.get("max_abs_dw") is not None:
+        return [f"Final parameters, straight vs resumed: max |Δw| = {v['max_abs_dw']:.3g}.", ""]
+    return []
+
+
 def markdown(v: dict, command: str, resume: str, lose: int) -> str:
     lines = [f"# Certificate of `{command}`", "", headline(v), ""]
     if not v["exact"]:
@@ -284,8 +314,7 @@ def markdown(v: dict, command: str, resume: str, lose: int) -> str:
                        "**caught**" if control["caught"] else "so it is **NOT caught**: the certificate does not see "
                        "a checkpoint that forgot the optimizer")
             lines += [f"{said}: {seen}; {verdict}.", ""]
-    if v.get("max_abs_dw") is not None:
-        lines += [f"Final parameters, straight vs resumed: max |Δw| = {v['max_abs_dw']:.3g}.", ""]
+    lines += final_parameters(v)
     killed = ", ".join(f"rank {r} at step {s}" for r, s in sorted(v["killed_at"].items()))
     lines += ["| run | optimizer steps, per rank |", "|---|---|"]
     for run in ("straight", "stopped", "resumed"):

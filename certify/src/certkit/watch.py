@@ -3,7 +3,8 @@ the program's saves and one step's draws from the global RNGs, each with the lin
 made it. Loaded into the user's process; imports torch, numpy and the standard library only.
 
   saves.<pid>.jsonl  every torch.save (and safetensors' save_file): the steps done, the user's line, the
-                     floating dtypes of the tensors saved. A save that stores fp16 weights shows here.
+                     floating dtypes of the tensors saved, the path. A save that stores fp16 weights shows
+                     here; so does a file written by native code that the audit hook's writes.<pid>.txt misses.
   draws.<pid>.jsonl  the draws from torch's, numpy's and Python's global generators in one window (from the
                      end of step K, or the process's start, to step K + 1's update): the call, the user's line,
                      a digest of the generator's state after it. A call that left the state as it was drew
@@ -94,15 +95,17 @@ class Watch:
         @functools.wraps(real)
         def save(*args, **kwargs):
             try:
+                where = args[1] if len(args) > 1 else kwargs.get("f", kwargs.get("filename"))
                 self._saved(f"{module.__name__}.{name}", args[0] if args else kwargs.get("obj", kwargs.get("tensors")),
-                            sys._getframe(1))
+                            where, sys._getframe(1))
             except Exception as e:  # noqa: BLE001  (the save goes on, unwatched)
                 self.note(f"the program's saves ({type(e).__name__}: {e})")
             return real(*args, **kwargs)
 
         setattr(module, name, save)
 
-    def _saved(self, call: str, obj, frame) -> None:
+    def _saved(self, call: str, obj, where, frame) -> None:
+        """A save of OBJ by CALL from FRAME, to WHERE (a path, or a file object: then no path is noted)."""
         import torch
 
         dtypes, seen = {}, set()
@@ -120,7 +123,9 @@ class Watch:
                     walk(v, depth + 1)
 
         walk(obj)
-        self.write("saves", {"step": self.step(), "call": call, "where": user_line(frame), "dtypes": dtypes})
+        path = os.path.abspath(os.fsdecode(where)) if isinstance(where, (str, bytes, os.PathLike)) else None
+        self.write("saves", {"step": self.step(), "call": call, "where": user_line(frame), "dtypes": dtypes,
+                             "path": path})
 
     # --- one step's draws from the global generators ----------------------------------------------------
 
