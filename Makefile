@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 RUN := PATH=$(abspath $(BIN)):$$PATH
 
-.PHONY: results audit test check test-stress mutants lint readme bench bench-crash clean
+.PHONY: results audit site test check test-stress mutants lint readme bench bench-crash clean
 
 $(BIN)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ results: $(BIN)/.runtime
 # other trainers' resume through certify (results/audit/); the only target that needs their packages
 audit: $(BIN)/.audit
 	$(RUN) snakemake --cores 2 audit
+
+# the audit as a static site (results/site/index.html, opens from disk): the audit's cells and the releases'
+site: $(BIN)/.audit
+	$(RUN) snakemake --cores 2 site
 
 # three workers on two cores: the SLURM and kill tests spend their first minutes waiting (on SLURM's polling,
 # on processes killed and restarted), and a third worker takes the core they leave idle (conftest.py: the order)

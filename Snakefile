@@ -37,6 +37,7 @@ include: "workflow/rules/analysis.smk"
 include: "workflow/rules/audit.smk"  # other trainers' resume: snakemake --cores 2 audit
 include: "workflow/rules/certify.smk"  # any training command killed and resumed: snakemake --cores 2 certify
 include: "workflow/rules/crash.smk"  # what a power loss leaves of a save: snakemake --cores 2 crash
+include: "workflow/rules/site.smk"  # the audit as a static site: snakemake --cores 2 site
 include: "workflow/rules/settings.smk"  # after dist.smk, whose rank layouts add to READS
 include: "workflow/rules/bench.smk"
 

@@ -182,6 +182,8 @@ BUILDS = {"pristine_pipeline", "pipeline", "tiny_run"}
 def pytest_configure(config):
     config.addinivalue_line("markers", "quick: make check's tier (in-process, or the fastest test of a command "
                                        "line); never on a test that needs the tiny pipeline's build")
+    config.addinivalue_line("markers", "slow: make test-slow's tier: a framework's imports, a cluster, a browser, "
+                                       "repeated full builds; make test leaves it out, CI runs both")
 
 
 def pytest_collection_modifyitems(items):

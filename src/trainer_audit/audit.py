@@ -313,6 +313,24 @@ def fp16_as_trained(straight_weights: dict) -> dict:
     return found
 
 
+def cell_text(r: dict) -> str:
+    """A matrix cell in Markdown, as summary.md (and the site, rendered) shows it: its verdict and, where not
+    exact, the first step and piece that differ, in bold."""
+    v = verdict(r)
+    if v == "exact":
+        return "exact"
+    rank = f", rank {r['first_rank']}" if SCENARIOS[r["scenario"]].ranks > 1 else ""
+    where = f"step {r['first_step']}{rank}: {r['first_state']}" if r["first_step"] != "" else "weights"
+    if r["cause"].startswith("not repaired"):
+        return f"**{where}**, not repaired"
+    if r["cause"].startswith("resumed on"):  # another world size: no repair puts back what it changes
+        return f"**{where}**, on fewer ranks"
+    if v == "crash":
+        return f"**{sum(sum(c[o] for o in c if o != 'exact') for c in r['crash'].values())} crash points fail**"
+    return {"repaired": f"**{where}**, repaired", "unknown": f"**{where}**, cause unknown",
+            "failed": "resume failed", "unsupported": "not supported"}[v]
+
+
 def summary_table(rows: list, controls: list, fp16: dict) -> str:
     """summary.md: frameworks by scenarios, each cell its verdict and, where not exact, the first step and
     piece that differ; then the negative controls, what fp16 really trained in (FP16, from fp16_as_trained)
@@ -320,27 +338,11 @@ def summary_table(rows: list, controls: list, fp16: dict) -> str:
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
     frameworks = list(dict.fromkeys(r["framework"] for r in rows))
     by = {(r["framework"], r["scenario"]): r for r in rows}
-
-    def cell(r):
-        v = verdict(r)
-        if v == "exact":
-            return "exact"
-        rank = f", rank {r['first_rank']}" if SCENARIOS[r["scenario"]].ranks > 1 else ""
-        where = f"step {r['first_step']}{rank}: {r['first_state']}" if r["first_step"] != "" else "weights"
-        if r["cause"].startswith("not repaired"):
-            return f"**{where}**, not repaired"
-        if r["cause"].startswith("resumed on"):  # another world size: no repair puts back what it changes
-            return f"**{where}**, on fewer ranks"
-        if v == "crash":
-            return f"**{sum(sum(c[o] for o in c if o != 'exact') for c in r['crash'].values())} crash points fail**"
-        return {"repaired": f"**{where}**, repaired", "unknown": f"**{where}**, cause unknown",
-                "failed": "resume failed", "unsupported": "not supported"}[v]
-
     lines = ["| framework | " + " | ".join(scenarios) + " |", "|---" * (len(scenarios) + 1) + "|"]
     for f in frameworks:
         version = by[f, scenarios[0]]["version"]
         label = f"{f} {version}" if version != "-" else f"{f} (this project)"
-        lines.append(f"| {label} | " + " | ".join(cell(by[f, s]) for s in scenarios) + " |")
+        lines.append(f"| {label} | " + " | ".join(cell_text(by[f, s]) for s in scenarios) + " |")
     crashes = [r for r in rows if r.get("crash")]
     rows = [r for r in rows if not r.get("crash")]
     exact = sum(verdict(r) == "exact" for r in rows)
