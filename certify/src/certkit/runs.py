@@ -352,7 +352,8 @@ class Runs:
         runs share a checkpoint, so the resume may continue the straight run's training rather than its own,
         and each run overwrites the other's (shared_read)."""
         began = training_began(self.straight, self.windows["straight"][0])
-        folders = {str(f) + os.sep for f in (self.out / "runs").iterdir() if f.name != "straight"}  # the runs' own
+        runs = self.out / "runs"  # the runs' own folders, but the straight run's
+        folders = {str(f) + os.sep for f in runs.iterdir() if f.name != "straight"} if runs.is_dir() else set()
         own = self.written(*CHAIN) - self.written("straight") | folders
         for log in sorted((self.out / name).glob("reads.*.txt")):
             path = shared_read(log.read_text(errors="replace"), began, self.windows["straight"][1], own=own)
