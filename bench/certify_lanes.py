@@ -1,7 +1,7 @@
-"""j. certify's wall time ÷ the straight run alone: the plain loop example (1 thread) sized to at least
-MIN_SECONDS, run by itself and under certify, one after another in this same run; exact (the resume kept)
-and not exact (the shuffle generator forgotten, K = half the steps), with certify's default lanes and with
---jobs 1 (the runs one after another).
+"""j. certify's wall time ÷ the straight run alone: lanes_loop.py (the default config's model, 1 thread) sized
+to at least MIN_SECONDS, run by itself and under certify, one after another in this same run; exact (the
+resume kept) and not exact (the batch generator forgotten, K = half the steps), with certify's default lanes
+and with --jobs 1 (the runs one after another).
 """
 
 import os
@@ -14,7 +14,7 @@ from pathlib import Path
 from common import ROOT
 
 MIN_SECONDS = 20.0
-PLAIN = ROOT / "examples" / "plain_loop.py"
+LOOP = ROOT / "bench" / "lanes_loop.py"
 CERTIFY = [sys.executable, "-m", "certkit"]
 
 
@@ -33,14 +33,14 @@ def bench_certify_lanes() -> list:
         work = Path(work)
 
         def straight(steps: int) -> float:
-            return _timed([sys.executable, PLAIN, "--out", work / "alone", "--steps", str(steps),
+            return _timed([sys.executable, LOOP, "--out", work / "alone", "--steps", str(steps),
                            "--save-every", str(steps // 2)], env)
 
-        steps = 400
+        steps = 20
         while (seconds := straight(steps)) < MIN_SECONDS:  # sized here: the machine sets a step's time
             steps = int(steps * min(4.0, 1.15 * MIN_SECONDS / seconds)) // 2 * 2
-        print(f"certify lanes: the plain loop, {steps} steps: {seconds:.1f} s alone", file=sys.stderr, flush=True)
-        command = [sys.executable, PLAIN, "--out", "{run}", "--steps", str(steps), "--save-every", str(steps // 2)]
+        print(f"certify lanes: lanes_loop.py, {steps} steps: {seconds:.1f} s alone", file=sys.stderr, flush=True)
+        command = [sys.executable, LOOP, "--out", "{run}", "--steps", str(steps), "--save-every", str(steps // 2)]
         rows, alone = [], [seconds]
         for verdict, forget in (("exact", ""), ("not exact", " --forget generator")):
             for jobs in ([], ["--jobs", "1"]):

@@ -145,10 +145,11 @@ def render_markdown(rows: list, header: list) -> str:
                    "certkit.digest's multilinear hash and by sha1 (best of the repetitions).")
     out += section("j. certify's wall time ÷ the straight run alone",
                    ["verdict", "lanes", "steps", "certify s", "alone s", "÷ alone"],
-                   [[r["what"], r["jobs"], r["steps"], fmt(r["certify_s"], ".1f"), fmt(r["alone_s"], ".1f"),
+                   [[r["what"], r["jobs"], str(r["steps"]), fmt(r["certify_s"], ".1f"), fmt(r["alone_s"], ".1f"),
                      f"**{r['vs_alone']:.3f}**"] for r in rows if r["section"] == "lanes"],
-                   "examples/plain_loop.py, 1 thread, its steps chosen so that it runs at least 20 s alone; certify "
-                   "with K = half the steps, the resume kept (exact) or its shuffle generator forgotten (not exact: "
+                   "bench/lanes_loop.py (the default config's model, 1 thread, batch 8 × 128), its steps chosen so that "
+                   "it runs at least 20 s alone; certify with K = half the steps, the resume kept (exact) or its batch "
+                   "generator forgotten (not exact: "
                    "the runs end at the first difference). Alone: the same command without certify, run before and "
                    "after each certify, the mean of the two.")
     return "\n".join(out) + "\n"
@@ -231,7 +232,7 @@ def targets_table(rows: list) -> str:
         for jobs in ("default", "--jobs 1"):
             r = one("lanes", what=verdict, jobs=jobs)
             if r and jobs == "default":
-                add(f"certify's wall time ÷ the straight run alone, {verdict} (K = half), 1-thread plain loop",
+                add(f"certify's wall time ÷ the straight run alone, {verdict} (K = half), default config, 1 thread",
                     r["vs_alone"], limit, f"j: {r['certify_s']:.1f} ÷ {r['alone_s']:.1f} s, default lanes")
             elif r:
                 lines.append(f"| the same, {verdict}, --jobs 1 | (information) | {r['vs_alone']:.3f} | | "

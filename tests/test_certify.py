@@ -454,9 +454,11 @@ def test_a_read_is_shared_when_written_after_the_first_step_outside_a_cache(tmp_
     hf = {"HF_DATASETS_CACHE": "/scratch/hf_datasets"}
     assert shared_read(reads, began, 1000, env=hf, own={"/work/out/ckpt_2.pt"}) is None
     assert shared_read(reads, began, 1000, env=hf, own={"/work/out/"}) is None
+    assert shared_read("900\t/work/out", began, 1000, env=hf, own={"/work/out/"}) is None  # opened to fsync it
     assert shared_read(reads, began, 1000, env=hf, own={"/work/ou/", "/work/out"}) == "/work/out/ckpt_2.pt"
 
 
+@pytest.mark.slow
 def test_run_py_saves_survive_a_crash_at_every_file_event_and_every_power_loss_state(tmp_path):
     """certify --crash on run.py's auto-resume from its checkpoint folder (checkpoints every 2 steps; saves 2
     and 4 recorded, the kill before step 5). run.py writes each file to a .tmp, fsyncs it, renames it and

@@ -185,11 +185,12 @@ def shared_read(reads: str, began: int, ended: int, env=os.environ, own=frozense
     optimizer step (a tokenized dataset, a lock, a preprocessing cache) is the same for every run and passes:
     a checkpoint cannot be older than the first step it holds. So does what the reading run's own chain
     wrote and the straight run did not (OWN: paths, or folders ending in os.sep): while the straight run
-    trains beside it (lanes), the stopped run's checkpoint is written in the same window."""
+    trains beside it (lanes), the stopped run's checkpoint is written in the same window (and a folder of its
+    own, opened to fsync it, is its own too)."""
     for line in reads.splitlines():
         mtime, _, path = line.partition("\t")
         if mtime.isdigit() and began <= int(mtime) <= ended and not cache(path, env) \
-                and path not in own and not path.startswith(tuple(p for p in own if p.endswith(os.sep))):
+                and path not in own and not (path + os.sep).startswith(tuple(p for p in own if p.endswith(os.sep))):
             return path
     return None
 
