@@ -1,13 +1,14 @@
 # Two commands on a fresh machine:
-#   make results   set up .venv with requirements.txt and build every artifact (snakemake --cores all)
-#   make test      set up .venv with requirements-test.txt and run the tests
+#   make results   set up .venv with requirements.txt and build every artifact (snakemake --cores all --quiet rules)
+#   make test      set up .venv with requirements-test.txt and run the tests (all but the slow tier)
+#   make test-slow the slow tier: the heavy integrations (CI runs make test, make test-slow, make mutants)
 #   make audit     add requirements-audit.txt (the trainers: transformers, Accelerate, Lightning) and run the audit
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 RUN := PATH=$(abspath $(BIN)):$$PATH
 
-.PHONY: results audit site test check test-stress mutants lint readme bench bench-crash clean
+.PHONY: results audit site test test-slow check test-stress mutants lint readme bench bench-crash clean
 
 $(BIN)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +23,9 @@ $(BIN)/.test: requirements-test.txt $(BIN)/.audit
 	$(BIN)/pip install -q -r requirements-test.txt
 	touch $@
 
+# snakemake's progress lines, not each job's list of inputs: the full log of each job is in results/logs/
 results: $(BIN)/.runtime
-	$(RUN) snakemake --cores all
+	$(RUN) snakemake --cores all --quiet rules
 
 # other trainers' resume through certify (results/audit/); the only target that needs their packages
 audit: $(BIN)/.audit
@@ -36,10 +38,18 @@ site: $(BIN)/.audit
 # three workers on two cores: the SLURM and kill tests spend their first minutes waiting (on SLURM's polling,
 # on processes killed and restarted), and a third worker takes the core they leave idle (conftest.py: the order)
 TEST_WORKERS ?= 3
+PYTEST := PYTHONPATH=tests python -m pytest -q -rs -p outcomes -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --rootdir .
 # .test-record/: which tree ran, how each test ended, where its tiny pipeline is (make mutants reuses them)
+RECORD := MMKIT_MUTANTS_OUTCOMES=$(abspath .test-record)/outcomes.jsonl
+# the README's test command: every test but the slow tier's, in about ten minutes on two cores
 test: $(BIN)/.test
-	$(RUN) MMKIT_TEST_RECORD=$(abspath .test-record) MMKIT_MUTANTS_OUTCOMES=$(abspath .test-record)/outcomes.jsonl \
-		PYTHONPATH=tests python -m pytest -q -rs -p outcomes -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=12 --rootdir . tests certify/tests
+	$(RUN) MMKIT_TEST_RECORD=$(abspath .test-record) $(RECORD) $(PYTEST) -m "not slow" --durations=12 tests certify/tests
+
+# the slow tier (tests marked slow: the trainers' imports, SLURM, snakemake killed again and again, the rebuilds,
+# trl sft, a browser): what CI runs after make test; its outcomes join make test's record, its pipeline is reused
+test-slow: $(BIN)/.test
+	mkdir -p .test-record
+	$(RUN) MMKIT_TEST_RECORD_FROM=$(abspath .test-record) $(RECORD) $(PYTEST) -m slow --durations=12 tests certify/tests
 
 # the quick tier, after every change: the in-process checks and the fastest real-process test of each command
 # line (tests marked quick; no tiny pipeline build). make test is still what says a change is done

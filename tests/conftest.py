@@ -312,6 +312,22 @@ def run_script(name: str, *args, cwd=None, env=None):
     return launch.run(SCRIPTS / name, *args, cwd=cwd, env=env or clean_env())
 
 
+def recorded_pipeline() -> str | None:
+    """make test-slow (MMKIT_TEST_RECORD_FROM): the tiny pipeline make test built, where that run was of this
+    very tree and its build finished; None otherwise (then this run builds its own)."""
+    record = os.environ.get("MMKIT_TEST_RECORD_FROM")
+    if not record:
+        return None
+    from outcomes import tree_digest
+
+    try:
+        same = (Path(record) / "tree.sha256").read_text().strip() == tree_digest()
+        pipeline = Path((Path(record) / "pipeline").read_text().strip())
+    except OSError:
+        return None
+    return str(pipeline) if same and (pipeline.parent / "pipeline.built").exists() else None
+
+
 @pytest.fixture(scope="session")
 def pristine_pipeline(tmp_path_factory) -> Path:
     """The whole DAG run once per test run, on the tiny overlay; returns its folder, which no test may change
@@ -319,12 +335,13 @@ def pristine_pipeline(tmp_path_factory) -> Path:
 
     Under pytest-xdist the workers share one build: the first to get here builds it in the session's folder
     that all workers share (the parent of each worker's basetemp), under a file lock; the others wait and
-    find it done. MMKIT_SHARED_PIPELINE names one already built (by tests/mutants.py, with the unbroken code);
+    find it done. MMKIT_SHARED_PIPELINE names one already built (by tests/mutants.py, with the unbroken code),
+    and make test-slow takes make test's where it built this very tree (recorded_pipeline);
     with MMKIT_SHARED_PIPELINE_UPDATE="TARGET ..." a copy of it where those targets are brought up to date with
     the code under test instead (snakemake reruns the jobs leading to them whose code is newer: the broken
     file's).
     """
-    shared = os.environ.get("MMKIT_SHARED_PIPELINE")
+    shared = os.environ.get("MMKIT_SHARED_PIPELINE") or recorded_pipeline()
     if shared and os.environ.get("MMKIT_SHARED_PIPELINE_UPDATE"):
         work = tmp_path_factory.mktemp("updated") / "copy"
         shutil.copytree(shared, work, symlinks=True)

@@ -302,7 +302,9 @@ def test_the_readmes_test_command_is_the_one_make_test_runs():
     makefile = (REPO / "Makefile").read_text()
     recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, re.M)[1]
     workers = re.search(r"^TEST_WORKERS \?= (\d+)$", makefile, re.M)[1]
-    recipe = " ".join(line.strip().rstrip("\\") for line in recipe.splitlines()).replace("$(TEST_WORKERS)", workers)
+    pytest_variable = re.search(r"^PYTEST := (.*)$", makefile, re.M)[1]
+    recipe = " ".join(line.strip().rstrip("\\") for line in recipe.splitlines())
+    recipe = recipe.replace("$(PYTEST)", pytest_variable).replace("$(TEST_WORKERS)", workers)
     pytest_part = "PYTHONPATH=tests python -m pytest"
     assert pytest_part in recipe, "the Makefile's test recipe no longer runs python -m pytest with PYTHONPATH=tests"
     assert readme.startswith("PATH=$PWD/.venv/bin:$PATH ")  # what $(RUN) puts first

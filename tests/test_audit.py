@@ -94,6 +94,7 @@ def judged_from_files(runs, scenario: str, repaired: bool) -> dict:
     return {"exact": exact, "first": first and (first[0], first[2]), "repaired": repaired and repaired_ok}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework,scenario", CELLS)
 def test_each_framework_resumes_through_its_own_resume_and_the_cell_says_how_exactly(built, framework, scenario):
     """Catches: a cell that calls a resume exact when a tensor differs on any rank (or the reverse), a first
@@ -113,6 +114,7 @@ def test_each_framework_resumes_through_its_own_resume_and_the_cell_says_how_exa
     assert found["repaired"] == (cell["repair_exact"] is True)
 
 
+@pytest.mark.slow
 def test_this_projects_run_py_is_certified_exact_and_its_weights_agree(built):
     """Catches: a recorder that changes what run.py computes, or a verdict of exact that its weights refute;
     run.py's auto-resume continuing from anything but its own step-K checkpoint. (The own row of the audit
@@ -125,6 +127,7 @@ def test_this_projects_run_py_is_certified_exact_and_its_weights_agree(built):
     assert "continuing from checkpoint" in resumed_log and f"step_{CUT:06d}.pth" in resumed_log, resumed_log[-1500:]
 
 
+@pytest.mark.slow
 def test_a_cell_whose_straight_run_is_another_cells_command_reuses_that_run_and_no_other_does(built):
     """Catches: the audit running the same straight run twice (lost_steps is mid_epoch's command), or reusing
     one across commands (2 ranks are another command). A straight run carries its start and end time
@@ -141,6 +144,7 @@ def test_a_cell_whose_straight_run_is_another_cells_command_reuses_that_run_and_
     assert record("ddp2", "own")["window"] != record("mid_epoch", "own")["window"]  # own: its cell's own config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_each_negative_control_is_caught_at_the_first_step_after_the_cut(built, framework):
     """Catches: a certificate blind to the optimizer state (an emptied AdamW would pass as exact), or a control
@@ -158,6 +162,7 @@ def test_each_negative_control_is_caught_at_the_first_step_after_the_cut(built, 
     assert control["caught"] and (control["first_step"], control["first_state"]) == (CUT + 1, "optimizer")
 
 
+@pytest.mark.slow
 def test_every_number_in_the_audit_summary_is_recomputed_from_the_files(built):
     """Catches: a summary whose counts or controls are typed, stale, or computed from another cell."""
     summary = (built / "summary.md").read_text()
@@ -187,6 +192,7 @@ PAIR = {"transformers": audit.version("transformers"), "accelerate": ("1.14.0", 
         "scenario": "second_epoch"}
 
 
+@pytest.mark.slow
 def test_two_releases_of_the_package_a_resume_goes_through_are_told_apart_and_tabled(built):
     """Catches: a release cell run in this environment instead of its own venv (what each venv imports is read
     back here, and the certificate names its interpreter), a row naming the wrong release or leaving out the
@@ -329,6 +335,7 @@ def test_a_control_is_caught_only_in_the_optimizer_at_the_step_after_the_cut_and
     assert "lightning: inconclusive (the repaired run already differs at step 4" in section
 
 
+@pytest.mark.slow
 def test_an_unknown_framework_in_the_config_is_one_line_naming_the_key(built):
     """Catches: a typo in audit.frameworks that silently audits nothing, or fails with a traceback."""
     work = built.parent.parent

@@ -160,6 +160,7 @@ def judge(name, proc, verdict, truth, stop_after, last_step):
     assert verdict["max_abs_dw"] == pytest.approx(gap, rel=1e-6, abs=0)
 
 
+@pytest.mark.slow
 def test_trl_sft_run_as_its_users_run_it_gets_the_verdict_its_weights_give(tiny, tmp_path):
     """Catches: a recorder that misses a process a console script's launcher starts (trl sft runs its script
     under `accelerate launch`, in a child process), or one that installs only when torch is imported first

@@ -97,6 +97,7 @@ def downstream(graph: dict, start: set) -> set:
     return reached
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", MODULES)
 def test_editing_a_module_reruns_the_jobs_whose_scripts_import_it_and_only_what_follows(copy, module):
     work, everything, imports = copy

@@ -46,7 +46,8 @@ REASONS = {"lost": "its name is gone or holds the previous version",
            "torn": "its bytes on disk are not those committed"}
 
 
-@pytest.mark.parametrize("control, found", [("no-dir-fsync", "lost"), ("no-file-fsync", "torn"),
+@pytest.mark.parametrize("control, found", [pytest.param("no-dir-fsync", "lost", marks=pytest.mark.slow),
+                                            pytest.param("no-file-fsync", "torn", marks=pytest.mark.slow),
                                             ("no-fsync", "lost+torn")])
 def test_each_control_fails_every_committing_save_for_its_own_reason(tmp_path, control, found):
     """Catches: a checker that cannot fail, or fails for the wrong reason: a persistence model that keeps

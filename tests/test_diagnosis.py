@@ -58,7 +58,12 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("program", list(CASES))
+# make test keeps three programs (a reseeded RNG with replayed data, a lossy save, a forgotten sampler
+# generator); the other four classes run in the slow tier
+SLOW_CASES = ("random_getitem.py", "scheduler_restart.py", "earlier_step.py", "inplace_merge_save.py")
+
+
+@pytest.mark.parametrize("program", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_CASES else p for p in CASES])
 def test_each_cause_is_named_with_its_evidence_and_the_users_line(tmp_path, program):
     """Catches: a cause named without its evidence holding or not named where it holds (each program has one
     bug, and certify must name its class: a wrong class, or unknown, fails), the causes out of causal order

@@ -82,6 +82,7 @@ def test_promised_pairs_are_bit_identical(build, variant):
     assert_same_state_dict(weights(dist, variant), weights(dist, PAIRS_EXACT[variant]))
 
 
+@pytest.mark.slow
 def test_the_ablations_really_differ(dist, pipeline):
     """Catches: rank0_gen, minimind_rescale or a change of batch slices silently doing the same as the plain
     resume (then the report's claims about them would be about nothing), and a rescale by the wrong rule."""
@@ -396,6 +397,7 @@ def test_the_dcp_load_planner_refuses_a_value_pickle_that_runs_code(tmp_path):
 # --- kills ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_rank_killed_in_the_middle_of_a_ddp_save_fails_the_job_and_a_rerun_gives_the_same_bits(build, pipeline):
     """Catches: a resume file half-written under its final name, a torchrun exit of 0 after a dead rank,
     and a rerun that does not reproduce the run."""
@@ -519,6 +521,7 @@ def test_every_dist_job_reads_exactly_the_keys_its_rule_declares(dist, pipeline)
         assert set(found[2].split()) == declared, log
 
 
+@pytest.mark.slow
 def test_snakemakes_retry_continues_a_ddp_job_whose_rank_was_preempted(build, pipeline, tmp_path):
     """Catches: a multi-rank job whose preempted ranks end it with another status than 75, or whose retry
     starts over or ends in other bits."""

@@ -89,6 +89,7 @@ def test_file_too_large_in_a_real_process_exits_with_one_line(tiny_run, tmp_path
     assert not out.with_name("resume.pth.tmp").exists()
 
 
+@pytest.mark.slow
 def test_killed_snakemake_job_is_rebuilt_alone_with_the_same_bits(pristine_pipeline, tmp_path):
     """Catches: a killed job's output taken as finished, a rerun that redoes finished jobs upstream, a rebuilt
     job with other bits than the pristine build's."""

@@ -71,6 +71,7 @@ def old_build(pristine_pipeline):
     return pristine_pipeline
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", CHANGES)
 def test_a_changed_setting_reruns_exactly_the_jobs_it_changes(old_build, tmp_path, key):
     incremental = tmp_path / "incremental"

@@ -82,6 +82,7 @@ def parity_runs(pipeline, tmp_path_factory):
     return tmp, ParityRuns(pipeline, tmp)
 
 
+@pytest.mark.slow
 def test_resumed_equals_straight_with_2_and_with_0_workers(parity_runs):
     """Catches: a data position, RNG, GradScaler or accumulation window that a resume does not restore, or
     a DataLoader whose worker count changes what a step reads."""

@@ -376,6 +376,7 @@ def test_a_full_disk_under_the_checkpoint_folder_is_one_error_and_the_last_check
 SNAKEMAKE_KILLS = 6
 
 
+@pytest.mark.slow
 def test_snakemake_killed_again_and_again_and_rerun_incomplete_ends_with_the_clean_build_artifacts(pipeline,
                                                                                                    tmp_path):
     """Catches: an incomplete output taken as finished, a lock that blocks the restart, a training job that
@@ -432,7 +433,8 @@ def ddp_cmd(config, pipeline, out, checkpoints):
     return TORCHRUN + [str(SCRIPTS / "run.py"), *train_cmd(config, pipeline, out, checkpoints)]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGUSR1, marks=pytest.mark.slow)],
+                         ids=["SIGTERM", "SIGUSR1"])
 def test_a_signal_to_torchrun_checkpoints_every_ddp_rank_after_the_same_step_and_exits_75(pipeline, ddp_job,
                                                                                          tmp_path, sig):
     """Catches: ranks that stop after different steps (a hang, or a checkpoint of mismatched ranks), a

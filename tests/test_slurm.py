@@ -26,6 +26,24 @@ SLOW = {"MMKIT_FAILPOINT": "slow=0.5"}
 DAG_TIMEOUT_S = 900
 
 
+@pytest.mark.quick
+def test_the_slurm_profile_plans_every_job_with_its_partition_signal_and_resources():
+    """make test's witness of the slow SLURM tier (no cluster): a dry run through profiles/slurm plans the whole
+    DAG, every job with the profile's partition and USR1 warning and its rule's cpus, memory and runtime.
+    Catches: a profile snakemake cannot read, or one whose default resources never reach the jobs (a job
+    submitted without --signal gets no time to checkpoint before its limit)."""
+    dry_run = [sys.executable, "-m", "snakemake", "--profile", "profiles/slurm", "-n", "--forceall"]
+    proc = subprocess.run(dry_run, capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    jobs = re.findall(r"^(?:local)?rule (\w+):\n((?:    .*\n?)+)", proc.stdout + proc.stderr, re.M)
+    trained = [block for rule, block in jobs if rule in ("straight", "resume", "resumed")]
+    assert len(trained) == 3, [rule for rule, _ in jobs]
+    for block in trained:
+        resources = re.search(r"^    resources: (.*)$", block, re.M)[1]
+        assert "slurm_partition=debug" in resources and "slurm_extra=--signal=USR1@60" in resources, resources
+        assert re.search(r"cpus_per_task=\d", resources) and re.search(r"runtime=\d", resources), resources
+
+
 @pytest.fixture(scope="session")
 def cluster():
     """Up until the whole test run ends, not this module or this xdist worker: with the SLURM client installed
@@ -95,6 +113,7 @@ def preempt_when_running(work: Path, rule: str, action) -> str | None:
     return job
 
 
+@pytest.mark.slow
 def test_the_dag_on_slurm_survives_usr1_and_a_requeue_and_equals_a_local_build(cluster, tmp_path, request):
     """Catches: a profile or rule that does not run on SLURM, a preempted job that does not checkpoint, a
     retry or requeue that starts over wrongly or loses the checkpoint, any artifact that differs from a
@@ -143,6 +162,7 @@ def test_the_dag_on_slurm_survives_usr1_and_a_requeue_and_equals_a_local_build(c
     assert not (work / "results" / "checkpoints").exists() or not any((work / "results" / "checkpoints").rglob("step_*"))
 
 
+@pytest.mark.slow
 def test_a_partition_that_does_not_exist_is_one_clear_error_not_a_hang(cluster, tmp_path):
     """Catches: a bad site setting that leaves Snakemake waiting forever."""
     work = workdir(tmp_path / "w")
@@ -153,6 +173,7 @@ def test_a_partition_that_does_not_exist_is_one_clear_error_not_a_hang(cluster, 
     assert "nosuchpartition" in proc.stderr + proc.stdout, (proc.stderr + proc.stdout)[-3000:]
 
 
+@pytest.mark.slow
 def test_the_cluster_scripts_are_idempotent_and_stop_only_what_they_started(cluster, tmp_path):
     """Catches: a second start that restarts or duplicates daemons, a stop that ends other processes."""
     state = Path(os.environ.get("MMKIT_SLURM_STATE", "/run/mmkit-slurm")) / "pids"

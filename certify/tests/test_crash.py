@@ -28,6 +28,8 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 SAVER = Path(__file__).parent / "saver.py"
 
 
@@ -75,6 +77,7 @@ def test_a_rename_without_fsync_survives_every_kill_but_not_a_power_loss(tmp_pat
                              legend[p["outcome"]]) for p in found["points"]), drawn
 
 
+@pytest.mark.slow
 def test_a_torn_overwrite_of_the_only_checkpoint_is_a_hard_fail(tmp_path):
     """Catches: a process-crash model without torn writes (every kill would look clean), a resume that
     raises counted as anything but a hard fail, and a rerun into the same --out that keeps the earlier run's
@@ -96,6 +99,7 @@ def test_a_torn_overwrite_of_the_only_checkpoint_is_a_hard_fail(tmp_path):
     assert refound["events"] == found["events"] and len(list((tmp_path / "overwrite" / "saves").glob("*.jsonl"))) == 1
 
 
+@pytest.mark.slow
 def test_an_auto_resume_that_takes_a_newer_incomplete_folder_is_a_hard_fail_naming_the_missing_file(tmp_path):
     """Catches: completeness judged from a folder's existence, and a hard fail without its last line."""
     proc, found = crash(tmp_path, "folders", 2, 4, "process", "--max-points", "5")  # of 9
@@ -104,6 +108,7 @@ def test_an_auto_resume_that_takes_a_newer_incomplete_folder_is_a_hard_fail_nami
     assert killed and any("optim.pt" in p["why"] for p in killed), found["points"]
 
 
+@pytest.mark.slow
 def test_a_resume_from_an_older_checkpoint_than_the_newest_complete_one_is_lost_work_of_two_steps(tmp_path):
     """Catches: a lost-work resume classified exact (it is exact from where it started), and the wrong
     number of steps lost."""
@@ -116,6 +121,7 @@ def test_a_resume_from_an_older_checkpoint_than_the_newest_complete_one_is_lost_
                and p["exact_from_there"] for p in lost), lost
 
 
+@pytest.mark.slow
 def test_two_ranks_where_rank_1_dies_before_its_rng_file_resume_silently_naming_rank_1_and_its_rng(tmp_path):
     """Catches: one rank's file events lost or out of order (no state would lack rank 1's file alone), a
     silent resume reported without its first step, rank and piece, and a hard fail under torchrun reported
