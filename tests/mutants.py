@@ -375,7 +375,7 @@ BREAKAGES = [
     Breakage("certify: the rank named by its number, not by its earliest piece", C + "verdict.py",
              "differences", "rank = min(found, key=lambda r: (ORDER.index(found[r][0]), r))", "rank = min(found)",
              (T + "test_certify.py::test_ddp_under_torchrun_that_forgets_rank_1s_rng_is_named_rank_1_rng_and_the_repair_confirms_it",)),
-    Breakage("certify: an RNG nobody seeds compared as if seeded", C + "verdict.py", "judge",
+    Breakage("certify: an RNG nobody seeds compared as if seeded", C + "verdict.py", "unseeded_rngs",
              'if 1 in stopped.get(r, {}) and straight[r][1].get(p) != stopped[r][1].get(p)})',
              'if False})', (T + "test_certify.py::test_an_emptied_optimizer_state_is_named_optimizer_state_and_so_is_certifys_own_control",)),
     Breakage("certify: the resumed runs run COMMAND, not --resume-command", C + "runs.py", "certify",

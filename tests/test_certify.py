@@ -105,6 +105,7 @@ def test_a_plain_loop_that_forgets_its_generator_is_named_samples_at_the_first_r
     assert [r["step"] for r in legs[1]] == [14, 15, 16] and verdict["steps"]["resumed"] == {"0": [11, 16]}
 
 
+@pytest.mark.slow
 def test_an_emptied_optimizer_state_is_named_optimizer_state_and_so_is_certifys_own_control(tmp_path):
     """Catches: AdamW's moments not recorded, or recorded after the parameters (named as weights), or a
     diagnosis that does not say the resume started from an empty optimizer state; a max |Δw|
@@ -134,6 +135,7 @@ def test_an_emptied_optimizer_state_is_named_optimizer_state_and_so_is_certifys_
     assert first["optimizer"] != straight[5]["optimizer"]
 
 
+@pytest.mark.slow
 def test_ddp_under_torchrun_that_forgets_rank_1s_rng_is_named_rank_1_rng_and_the_repair_confirms_it(tmp_path):
     """Catches: one rank's certificate only, a rank named by its number rather than by the earliest piece
     (rank 0 differs at the same step, in the gradients the all-reduce carried over), a kill that leaves a

@@ -74,7 +74,9 @@ def torchrun(*args, env=None, timeout=180):
 # --- bit-exact pairs ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", PAIRS_EXACT)
+# make test keeps DDP's resume; FSDP2's and the resharded ones run in the slow tier
+@pytest.mark.parametrize("variant", [v if v == "ddp/resumed" else pytest.param(v, marks=pytest.mark.slow)
+                                     for v in PAIRS_EXACT])
 def test_promised_pairs_are_bit_identical(build, variant):
     """Catches: a rank-0-only data position, a missing barrier, DCP shards loaded into the wrong rank,
     accumulation that scales or sums the slices differently on 1 and 2 ranks."""
@@ -281,6 +283,7 @@ def contents(folder: Path) -> dict:
     return {p.name: p.read_bytes() for p in folder.iterdir()}
 
 
+@pytest.mark.slow
 def test_a_swap_killed_between_its_renames_is_finished_or_undone_never_deleted(build, pipeline, tmp_path):
     """Catches: what a kill between a directory swap's two renames leaves (NAME.old committed, NAME.tmp
     complete or not, NAME gone) deleted unread as leftovers, so the job falls back to an older checkpoint;
@@ -446,6 +449,7 @@ def test_a_rank_that_dies_mid_training_does_not_hang_the_others(pipeline, tmp_pa
     print(f"torchrun ended {time.monotonic() - t0:.1f} s after launch, rank 1 killed at step 2")
 
 
+@pytest.mark.slow
 def test_a_minimind_rescale_job_killed_after_its_own_checkpoints_continues_from_them(build, pipeline, tmp_path):
     """Catches: a check of AdamW's counter against the step alone, which a rescaled run's checkpoints (counter
     ahead of the step) never pass: every restart silently starts over from the --resume file."""

@@ -134,7 +134,8 @@ def chaos(cmd, sig, checkpoints: Path) -> list[dict]:
     return kills
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+                         ids=["SIGKILL", "SIGTERM"])
 def test_killed_again_and_again_it_ends_bit_identical_to_an_uninterrupted_run(pipeline, uninterrupted, tmp_path,
                                                                                sig):
     """Catches: a torn or half-committed checkpoint taken for whole, a resume from the wrong checkpoint, a
