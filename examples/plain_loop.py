@@ -2,8 +2,9 @@
 example of a script that is not a framework's (python examples/plain_loop.py, or under torchrun: DDP over gloo).
 
 Every --save-every optimizer steps it writes {out}/step_{k}.pt: the model, AdamW, the LR schedule, the step,
-and the shuffle generator's state at the start of the epoch (the resumed run draws the same order and skips
-the batches already trained on); each rank writes its own RNG state beside it (dropout draws per rank).
+and the shuffle generator's state at the start of the step's epoch with that epoch's number (the resumed run
+draws the same order and skips the batches already trained on: after an epoch's last step, the whole epoch,
+whose sampler draws once more as it ends); each rank writes its own RNG state beside it (dropout draws per rank).
 --forget leaves one of them out, as a buggy script would: certify names what it forgot.
 """
 
@@ -51,12 +52,12 @@ def main():
     # state, saved mid-epoch, already holds that draw: a resumed run would draw it twice)
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH // world, sampler=sampler, generator=shuffle)
 
-    step, out = 0, Path(args.out)
+    step, epoch, loss, out = 0, 0, None, Path(args.out)
     if args.resume:
         state = torch.load(args.resume, weights_only=True)
         model.load_state_dict(state["model"])
         schedule.load_state_dict(state["schedule"])
-        step = state["step"]
+        step, epoch = state["step"], state["epoch"]
         if args.forget == "optimizer":  # AdamW's moments and counts gone, its hyperparameters and LR kept
             state["optimizer"]["state"] = {}
         optimizer.load_state_dict(state["optimizer"])
@@ -65,7 +66,7 @@ def main():
         if not (args.forget == "rng-rank1" and rank == 1):
             torch.set_rng_state(torch.load(f"{args.resume}.rank{rank}", weights_only=True))
     out.mkdir(parents=True, exist_ok=True)
-    epoch, skip = divmod(step, len(loader))
+    skip = step - epoch * len(loader)
     while step < args.steps:
         at_epoch_start = shuffle.get_state()
         if distributed:
@@ -78,19 +79,19 @@ def main():
             schedule.step()
             step += 1
             if step % args.save_every == 0:
-                save(out / f"step_{step}.pt", rank, step, model, optimizer, schedule, at_epoch_start)
+                save(out / f"step_{step}.pt", rank, step, model, optimizer, schedule, epoch, at_epoch_start)
             if step == args.steps:
                 break
         epoch, skip = epoch + 1, 0
-    if rank == 0:
+    if rank == 0 and loss is not None:
         print(f"trained {step} steps, loss {loss.item():.4f}")
     if distributed:
         dist.destroy_process_group()
 
 
-def save(path: Path, rank, step, model, optimizer, schedule, at_epoch_start) -> None:
+def save(path: Path, rank, step, model, optimizer, schedule, epoch, at_epoch_start) -> None:
     if rank == 0:
-        state = {"model": model.state_dict(), "schedule": schedule.state_dict(), "step": step,
+        state = {"model": model.state_dict(), "schedule": schedule.state_dict(), "step": step, "epoch": epoch,
                  "shuffle_at_epoch_start": at_epoch_start}
         state["optimizer"] = optimizer.state_dict()
         torch.save(state, path)

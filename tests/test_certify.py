@@ -80,7 +80,7 @@ def test_a_plain_loop_that_forgets_its_generator_is_named_samples_at_the_first_r
     checkpoint (--lose 2: the steps lost between them are trained again), a verdict of exact on a forgotten
     shuffle order (the cut is past the first epoch: a fresh generator draws the first epoch's order again);
     two resumes (--again) whose second leg does not start from the first leg's own checkpoint, or whose
-    steps are not both legs'."""
+    steps are not both legs'; the example resumed at an epoch's last step drawing that epoch's order again."""
     proc, verdict = certify(tmp_path / "forgets", 10, PLAIN, "--resume {run}/step_{step}.pt --forget generator",
                             "--lose", "2", "--repair")
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -92,17 +92,18 @@ def test_a_plain_loop_that_forgets_its_generator_is_named_samples_at_the_first_r
     assert_same_state_dict(final["straight"]["model"], repaired["model"])
     assert verdict["killed_at"] == {"0": 13} and verdict["steps"]["stopped"] == {"0": [1, 12]}
     # the same loop, resuming what it saved, twice (--again 13: the resumed run killed again before step 14):
-    # exact, and so are its weights
-    proc, verdict = certify(tmp_path / "keeps", 10, PLAIN, "--resume {run}/step_{step}.pt", "--again", "13")
+    # exact, and so are its weights; the first cut at an epoch's last step (8 of 8: a loop that resumes from
+    # that epoch's shuffle state with nothing to skip draws the finished epoch's order again)
+    proc, verdict = certify(tmp_path / "keeps", 8, PLAIN, "--resume {run}/step_{step}.pt", "--again", "13")
     assert proc.returncode == 0 and verdict["exact"], proc.stderr[-2000:]
     weights = final_checkpoint(tmp_path / "keeps", "step_16.pt")
     assert_same_state_dict(weights["straight"]["model"], weights["resumed"]["model"])
-    # the two legs: the first from step 10's checkpoint, killed before 14's update; the second from its own 13
+    # the two legs: the first from step 8's checkpoint, killed before 14's update; the second from its own 13
     legs = [[json.loads(line) for line in (tmp_path / "keeps" / leg / "rank0.jsonl").open()]
             for leg in ("resumed.first", "resumed")]
-    assert [r.get("step", r.get("killed")) for r in legs[0]] == [11, 12, 13, 14] and "killed" in legs[0][-1]
-    # (had the second leg loaded step 10's checkpoint, its steps 14.. would be 11..'s: not exact)
-    assert [r["step"] for r in legs[1]] == [14, 15, 16] and verdict["steps"]["resumed"] == {"0": [11, 16]}
+    assert [r.get("step", r.get("killed")) for r in legs[0]] == [9, 10, 11, 12, 13, 14] and "killed" in legs[0][-1]
+    # (had the second leg loaded step 8's checkpoint, its steps 14.. would be 9..'s: not exact)
+    assert [r["step"] for r in legs[1]] == [14, 15, 16] and verdict["steps"]["resumed"] == {"0": [9, 16]}
 
 
 @pytest.mark.slow
