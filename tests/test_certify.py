@@ -572,3 +572,22 @@ def test_the_default_lanes_follow_the_cpus_the_threads_a_gpu_and_launchers(monke
     monkeypatch.setattr(lanes, "gpu_visible", lambda env=None: True)
     jobs, why = lanes.default_jobs(python, {"OMP_NUM_THREADS": "1"}, cpus=16)
     assert jobs == 1 and "GPU" in why
+
+
+@pytest.mark.quick
+def test_a_certificate_read_as_it_is_written_takes_whole_lines_once(tmp_path):
+    """Catches: a line the recorder is still writing taken for a row (or dropped, its end never read), a row
+    read twice across looks, a line that is not a JSON object raised into certify's stream."""
+    from certkit import lanes
+
+    folder = tmp_path / "straight"
+    folder.mkdir()
+    path = folder / "rank0.jsonl"
+    path.write_text('{"rank": 0, "step": 1}\n{"rank": 0, "st')
+    tail = lanes.Tail(folder)
+    assert tail.read() == ({0: {1: {"rank": 0, "step": 1}}}, {})
+    with path.open("a") as f:
+        f.write('ep": 2}\nnot json\n[3]\n{"rank": 0, "killed": 2}\n')
+    rows, killed = tail.read()
+    assert sorted(rows[0]) == [1, 2] and killed == {0: 2}
+    assert tail.read() == ({0: {1: {"rank": 0, "step": 1}, 2: {"rank": 0, "step": 2}}}, {0: 2})

@@ -7,7 +7,6 @@ threads, one on a machine with a GPU (two runs would share it) or for a command 
 its own (torchrun's fixed rendezvous port; the user says --jobs 2 where the command takes a free one).
 """
 
-import json
 import os
 import threading
 from pathlib import Path
@@ -55,19 +54,8 @@ class Tail:
 
     def read(self) -> tuple[dict, dict]:
         for path in sorted(self.folder.glob("rank*.jsonl")):
-            try:
-                with open(path, "rb") as f:
-                    f.seek(self.offsets.get(path, 0))
-                    data = f.read()
-            except OSError:
-                continue
-            whole = data[:data.rfind(b"\n") + 1]
-            self.offsets[path] = self.offsets.get(path, 0) + len(whole)
-            for line in whole.splitlines():
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
+            rows, self.offsets[path] = progress.new_rows(path, self.offsets.get(path, 0))
+            for row in rows:
                 if "killed" in row:
                     self.killed[row["rank"]] = row["killed"]
                 elif "step" in row:

@@ -18,6 +18,27 @@ LOG_EVERY = 30.0
 LONGEST_COMMAND = 160  # characters of the command shown as a run starts
 
 
+def new_rows(path: Path, offset: int) -> tuple[list, int]:
+    """The rows (JSON objects) of the whole lines a recorder wrote to PATH past OFFSET, and the offset after
+    them: a line still being written waits for the next look, a line that is no object is skipped."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except OSError:
+        return [], offset
+    whole = data[:data.rfind(b"\n") + 1]
+    rows = []
+    for line in whole.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows, offset + len(whole)
+
+
 class Watch:
     """One run's progress, from its start to its end."""
 
@@ -35,21 +56,10 @@ class Watch:
         self.say(f"{name} run started: {command}")
 
     def read(self) -> None:
-        """The steps rank 0's recorder wrote since the last look (whole lines only)."""
-        try:
-            with open(self.rows, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return
-        whole = data[:data.rfind(b"\n") + 1]
-        self.offset += len(whole)
-        for line in whole.splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int):
+        """The steps rank 0's recorder wrote since the last look."""
+        rows, self.offset = new_rows(self.rows, self.offset)
+        for row in rows:
+            if isinstance(row.get("step"), int):
                 self.first = row["step"] if self.first is None else self.first
                 self.last = row["step"]
 
