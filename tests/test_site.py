@@ -3,7 +3,8 @@ small fake audit written here in the layout the audit's rules leave (results/aud
 beside it; results/audit/releases/R/versions.json and R/F/S/cell.json): no framework runs.
 
 Every expected value comes from the fake inputs below, never from the code under test. The slow test opens the
-site in headless Chromium; building a real audit for it would take half an hour, so it opens the fake one too.
+site in headless Chromium; building a real audit for it takes two hours on two cores, so it opens the fake one,
+or, with MMKIT_TEST_SITE=results/site (make site after make audit), the real one, whose cells config.yaml counts.
 
 Each test names the breakage it catches.
 """
@@ -354,8 +355,20 @@ def browser(tmp_path_factory):
     b.close()
 
 
+@pytest.fixture(scope="module")
+def browsed(site) -> tuple[Path, int]:
+    """The site the browser opens and its number of cells: the fake one's, or MMKIT_TEST_SITE's (a site built
+    from the real audit: a cell for each of config.yaml's frameworks and scenarios)."""
+    real = os.environ.get("MMKIT_TEST_SITE")
+    if not real:
+        return site["out"], len(CELLS)
+    audit = yaml.safe_load((REPO / "config.yaml").read_text())["audit"]
+    return Path(real).resolve(), len(audit["frameworks"]) * len(audit["scenarios"])
+
+
 @pytest.mark.slow
-def test_in_a_browser_every_cell_opens_its_page_no_page_logs_an_error_and_the_index_renders(site, browser, tmp_path):
+def test_in_a_browser_every_cell_opens_its_page_no_page_logs_an_error_and_the_index_renders(browsed, browser,
+                                                                                           tmp_path):
     """Catches: a link the browser cannot follow, a page that logs an error (a resource not found, a script),
     a screenshot that is blank; and a check of errors that sees none (a page with a console error and a missing
     picture must show both)."""
@@ -363,11 +376,12 @@ def test_in_a_browser_every_cell_opens_its_page_no_page_logs_an_error_and_the_in
     bad.write_text('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>bad</title></head><body>'
                    '<img src="missing.png" alt="x"><script>console.error("seen")</script></body></html>')
     assert len(browser.open(bad.as_uri())) >= 2
-    index = site["out"] / "index.html"
+    out, cells = browsed
+    index = out / "index.html"
     assert browser.open(index.as_uri()) == []
     links = browser.evaluate("[...document.querySelectorAll('#matrix td a')].map(a => a.href)")
-    assert len(links) == len(CELLS)
-    pages = {urlparse(link).path for link in links} | {p.as_uri() for p in site["out"].rglob("*.html")}
+    assert len(links) == cells
+    pages = {urlparse(link).path for link in links} | {p.as_uri() for p in out.rglob("*.html")}
     for link in links:
         assert Path(unquote(urlparse(link).path)).is_file(), link
     for page in sorted(pages):
