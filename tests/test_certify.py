@@ -591,3 +591,22 @@ def test_a_certificate_read_as_it_is_written_takes_whole_lines_once(tmp_path):
     rows, killed = tail.read()
     assert sorted(rows[0]) == [1, 2] and killed == {0: 2}
     assert tail.read() == ({0: {1: {"rank": 0, "step": 1}, 2: {"rank": 0, "step": 2}}}, {0: 2})
+
+
+@pytest.mark.quick
+def test_the_runs_end_early_only_once_the_steps_so_far_name_a_cause(tmp_path):
+    """Catches: runs ended at the first difference when the cause shows only in later steps (samples skipped
+    ahead are the straight run's later samples: cut there, the diagnosis is unknown), and early ending lost
+    where the steps so far name it (samples replayed from an earlier step). In-process, on rows made here."""
+    from certkit import lanes
+
+    def rows(steps, samples):
+        return {0: {s: {"rank": 0, "step": s, "samples": samples(s), "params_in": f"p{s - 1}", "params": f"p{s}",
+                        "lr": [0.1]} for s in steps}}
+
+    straight, stopped = rows(range(1, 9), "s{}".format), rows(range(1, 5), "s{}".format)  # killed before step 5
+    ahead, behind = rows(range(5, 9), lambda s: f"s{s + 2}"), rows(range(5, 9), lambda s: f"s{s - 2}")
+    assert lanes.early_end(straight, stopped, {0: 5}, ahead, 4, 5, 4, tmp_path) is None
+    assert lanes.early_end(straight, stopped, {0: 5}, behind, 4, 5, 4, tmp_path) == 5
+    # the straight run not yet past the kill: the stopped run's steps may still differ from it
+    assert lanes.early_end(rows(range(1, 4), "s{}".format), stopped, {0: 5}, behind, 4, 5, 4, tmp_path) is None

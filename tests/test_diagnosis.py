@@ -1,7 +1,8 @@
 """certify says why and where: each cause class on an unmodified program written as other people write them
 (tests/programs/diagnose/: nanoGPT's reseeded batches, MiniMind's fp16 checkpoint and random transform in
 __getitem__, a scheduler built afresh, a sampler's generator never saved, an optimizer saved every third step,
-a LoRA merge that writes into the live weights), each through certify's command line in real processes.
+a LoRA merge that writes into the live weights, the trained batches skipped twice), each through certify's
+command line in real processes.
 
 The expected cause follows from the bug each program carries, and the expected line is found in the program's
 source by the call that makes the bug (the torch.randint, the random.random, the torch.save of half tensors),
@@ -55,12 +56,17 @@ CASES = {
     "earlier_step.py": (4, ["other_step"], [{"piece": "optimizer", "from_step": 3}], None),
     "inplace_merge_save.py": (4, ["changed_outside_step"], [{"run": "straight", "after_step": 2}],
                               ("torch.save", "torch.save(", "w += ")),  # the export's save, after the merge
+    # step 5 trains on batch 9 (0-based 8: the Subset starts at batch 4, and 4 more are skipped)
+    "double_skip.py": (4, ["data_position"], [{"how": "skipped ahead", "from_step": 9}], None),
 }
+# the causes only later steps show: the runs go on to the end (the others end once every rank has parted)
+TO_THE_END = ("double_skip.py",)
 
 
 # make test keeps three programs (a reseeded RNG with replayed data, a lossy save, a forgotten sampler
-# generator); the other four classes run in the slow tier
-SLOW_CASES = ("random_getitem.py", "scheduler_restart.py", "earlier_step.py", "inplace_merge_save.py")
+# generator); the others run in the slow tier (the batches skipped twice: test_certify.py's
+# test_the_runs_end_early_only_once_the_steps_so_far_name_a_cause is its fast witness)
+SLOW_CASES = ("random_getitem.py", "scheduler_restart.py", "earlier_step.py", "inplace_merge_save.py", "double_skip.py")
 
 
 @pytest.mark.parametrize("program", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_CASES else p for p in CASES])
@@ -68,11 +74,14 @@ def test_each_cause_is_named_with_its_evidence_and_the_users_line(tmp_path, prog
     """Catches: a cause named without its evidence holding or not named where it holds (each program has one
     bug, and certify must name its class: a wrong class, or unknown, fails), the causes out of causal order
     (the reseeded RNG before the batches it drew), a line that is not the user's call that lost the state (the
-    first draw aligned from the start of the resumed run, not from step K + 1's end, names the model's init)."""
+    first draw aligned from the start of the resumed run, not from step K + 1's end, names the model's init);
+    runs ended at the first difference where only later steps show the cause (unknown), or not ended where
+    the steps so far show it."""
     stop_after, classes, details, call = CASES[program]
     proc, verdict = certify(tmp_path / "out", stop_after, [sys.executable, PROGRAMS / program, "--out_dir", "{run}"],
                             "--resume {run}/ckpt_{step}.pt")
     assert proc.returncode == 1 and not verdict["exact"], proc.stderr[-3000:]
+    assert (verdict["ended_early"] is None) == (program in TO_THE_END), verdict["ended_early"]
     diagnosis = verdict["diagnosis"]
     assert (diagnosis["step"], diagnosis["rank"]) == (stop_after + 1, 0), diagnosis
     assert [c["class"] for c in diagnosis["causes"]] == classes, diagnosis

@@ -91,7 +91,8 @@ def parser() -> argparse.ArgumentParser:
                         "the CPUs hold two runs' threads, 1 with a GPU or a launcher such as torchrun); with --crash, "
                         "N crash states resumed at once (default 1)")
     p.add_argument("--full", action="store_true", help="run a resume that is not exact to the end and measure "
-                   "max |Δw| (by default the runs end once every rank has parted: the verdict is the same)")
+                   "max |Δw| (by default the runs end once every rank has parted and the steps so far name a cause: "
+                   "the verdict is the same)")
     p.add_argument("--failure-model", choices=["both", "process", "power"], default="both",
                    help="--crash: process crash (a kill before each file event, the last write torn), power loss "
                    "(what was not fsynced may be lost), or both (default)")

@@ -11,11 +11,12 @@ import os
 import threading
 from pathlib import Path
 
-from . import progress, verdict
+from . import diagnosis, progress, verdict
 
 # commands that start several processes and may claim a fixed port (torchrun's default 29500) or a device
 LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "mpirun", "mpiexec", "srun", "torch.distributed.run",
              "torch.distributed.launch", "lightning")
+EARLY_TRIES = 3  # looks at a parted verdict whose cause is not yet known before the runs are left to end
 
 
 def gpu_visible(env=os.environ) -> bool:
@@ -63,14 +64,33 @@ class Tail:
         return self.rows, self.killed
 
 
+def early_end(straight: dict, stopped: dict, killed: dict, resumed: dict, start: int, kill_at: int, stop_after: int,
+              out: Path) -> int | None:
+    """The step the runs may end at, the verdict known: where every rank has parted (verdict.parted) and the
+    rows up to there already name a cause (diagnosis.diagnose on them); None otherwise, and the runs go on to
+    the end, so that a cause only later steps show (batches skipped ahead: the straight run's later samples)
+    is found. A function of the certificates and what the runs kept, so the verdict is the same whenever the
+    runs were ended."""
+    parted = verdict.parted(straight, stopped, resumed, start, kill_at)
+    if parted is None:
+        return None
+    straight, resumed = verdict.truncated(straight, max(parted, kill_at - 1)), verdict.truncated(resumed, parted)
+    found = verdict.judge(straight, stopped, resumed, killed, stop_after, resumed_from=start)
+    if not found["deterministic"] or found["exact"]:
+        return None
+    why = diagnosis.diagnose(found, straight, resumed, out)
+    return parted if why and any(c["class"] != "unknown" for c in why["causes"]) else None
+
+
 class Stream(threading.Thread):
     """The resumed run compared with the straight run while both write: a line per look at the steps newly
     compared ("steps 5-9: equal so far"), the first difference the moment it shows; with EARLY, STOP set once
-    every rank has parted and the straight run got past the kill (verdict.parted: the verdict is then known)."""
+    the verdict and a cause are known (early_end)."""
 
     def __init__(self, out: Path, stop_after: int, kill_at: int, stop: threading.Event, early: bool, stream=None):
         super().__init__(name="certify-stream", daemon=True)
         self.k, self.kill_at, self.stop, self.early, self.stream = stop_after, kill_at, stop, early, stream
+        self.out, self.tries = out, 0
         self.straight, self.stopped, self.resumed = (Tail(out / name) for name in ("straight", "stopped", "resumed"))
         self.said, self.first, self.done = stop_after, None, threading.Event()
 
@@ -108,9 +128,13 @@ class Stream(threading.Thread):
                 progress.say(self.stream, f"step {self.first['step']}: {verdict.NAMES[self.first['piece']]} differ"
                              f" at rank {self.first['rank']}: the resume is not exact")
             self.said = steps[-1]
-        if not self.early or self.first is None:
+        if not self.early or self.first is None or self.tries >= EARLY_TRIES:
             return False
         if verdict.parted(straight, stopped, resumed, start, self.kill_at) is None:
+            return False
+        # what the runs kept may still be in writing at the first looks: a few tries, then the runs go on
+        self.tries += 1
+        if early_end(straight, stopped, killed, resumed, start, self.kill_at, self.k, self.out) is None:
             return False
         self.stop.set()
         return True

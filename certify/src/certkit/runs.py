@@ -436,9 +436,9 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
     instead of COMMAND (another launcher, another number of ranks), the resume arguments added to it.
     STRAIGHT_FROM: the --out of an earlier certify of COMMAND, whose straight run is reused (Runs.reuse_straight).
     JOBS: 2 runs the straight run beside the stopped and the resumed run (lanes.py); None: what the machine
-    allows (lanes.default_jobs). FULL: a verdict that is
-    not exact is still judged to the end, with max |Δw|; otherwise the runs end once every rank has parted
-    (the verdict is the same). Raises CannotJudge."""
+    allows (lanes.default_jobs). FULL: a verdict that is not exact is still judged to the end, with max |Δw|;
+    otherwise the runs end once every rank has parted and the steps so far name a cause (lanes.early_end:
+    the verdict is the same). Raises CannotJudge."""
     check_options(command, resume_command, stop_after, lose, again, repair, control)
     resuming = (resume_command or command) + shlex.split(resume)
     out = out.resolve()
@@ -453,7 +453,7 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
     straight, stopped, killed, legs = two_lanes(runs, command, resume, lose, again, repair, control,
                                                 straight_from and Path(straight_from).resolve(), jobs, stream)
     resumed, start = aligned_legs(runs, *legs, again, lose)
-    ended = verdict.parted(straight, stopped, resumed, start, kill_at) if early else None
+    ended = lanes.early_end(straight, stopped, killed, resumed, start, kill_at, stop_after, out) if early else None
     if ended:
         straight, resumed = verdict.truncated(straight, max(ended, kill_at - 1)), verdict.truncated(resumed, ended)
     found = verdict.judge(straight, stopped, resumed, killed, stop_after, other_world=resume_command is not None,
@@ -463,8 +463,8 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
         raise CannotJudge(f"the command does not repeat itself: its straight and stopped runs differ at step "
                           f"{b['step']}, rank {b['rank']} ({verdict.NAMES[b['piece']]}), before any stop")
     found["ended_early"] = ended and {
-        "step": ended, "why": f"not exact, and every rank had parted by step {ended}: the straight and the resumed "
-        "run were ended there, so max |Δw| is not measured (--full runs them to the end)"}
+        "step": ended, "why": f"not exact, every rank had parted by step {ended} and the steps up to it name a cause: "
+        "the straight and the resumed run were ended there, so max |Δw| is not measured (--full runs them to the end)"}
     found["max_abs_dw"] = None if ended else verdict.final_gap(out / "straight", out / "resumed", set(resumed))
     found["diagnosis"] = diagnosis.diagnose(found, straight, resumed, out)
     if repair:
