@@ -228,11 +228,21 @@ def test_each_release_has_a_page_with_its_versions_and_where_it_differs_from_the
 
 
 @pytest.mark.quick
-def test_every_page_is_html_with_a_language_a_charset_and_a_title(site):
-    """Catches: a page a screen reader cannot pronounce (no lang), mis-decoded (no charset: Δw, ✓) or without a
-    title in a tab or a history."""
+def test_every_page_is_valid_html_with_a_language_a_charset_and_a_title(site):
+    """Catches: markup a browser must repair (a tag left open or closed twice, a table cell outside its row: a
+    parse error of the HTML standard's algorithm, html5lib strict), a page a screen reader cannot pronounce
+    (no lang), mis-decoded (no charset: Δw, ✓) or without a title in a tab or a history."""
+    import html5lib
+
+    strict = html5lib.HTMLParser(strict=True)
+    with pytest.raises(html5lib.html5parser.ParseError):  # the check sees a parse error where there is one
+        strict.parse("<!DOCTYPE html><html lang=\"en\"><head><title>t</title></head><body><table><td>x</p>")
     for path in site["out"].rglob("*.html"):
         html = path.read_text()
+        try:
+            strict.parse(html)
+        except html5lib.html5parser.ParseError as e:
+            pytest.fail(f"{path.relative_to(site['out'])}: {e}")
         assert html.startswith("<!DOCTYPE html>\n<html lang=\"en\">"), path
         page = Page(path)
         assert ("meta", {"charset": "utf-8"}) in page.tags and html.count("<title>") == 1, path
