@@ -248,6 +248,40 @@ def test_every_page_is_valid_html_with_a_language_a_charset_and_a_title(site):
         assert ("meta", {"charset": "utf-8"}) in page.tags and html.count("<title>") == 1, path
 
 
+# the W3C's Nu Html Checker (https://validator.github.io/validator/: the jar, on npm as vnu-jar), on Java
+# (Debian's default-jre-headless; .ci/run installs it)
+NU_CHECKER = "vnu-jar@26.9.27"
+
+
+@pytest.fixture(scope="module")
+def nu_checker() -> list:
+    """The command that runs the Nu Html Checker: its jar in this venv's node/ folder (npm, if it is not there)."""
+    jar = Path(os.sys.prefix) / "node" / "node_modules" / "vnu-jar" / "build" / "dist" / "vnu.jar"
+    if not shutil.which("java"):
+        pytest.skip("no java for the Nu Html Checker: apt-get install -y --no-install-recommends default-jre-headless")
+    if not jar.exists():
+        if not shutil.which("npm"):
+            pytest.skip("no npm to install the Nu Html Checker")
+        subprocess.run(["npm", "install", "--prefix", jar.parents[4], "--no-audit", "--no-fund", NU_CHECKER],
+                       check=True, capture_output=True, timeout=300)
+    return ["java", "-jar", str(jar)]
+
+
+@pytest.mark.slow
+def test_every_page_passes_the_nu_html_checker(browsed, nu_checker, tmp_path):
+    """Catches: what the parser lets through and the standard forbids (an attribute an element may not have, an
+    id twice on a page, a table whose rows have no cells, a heading with nothing in it); and a checker that sees
+    nothing (a page with such errors must fail)."""
+    bad = tmp_path / "bad.html"
+    bad.write_text('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>bad</title></head><body>'
+                   '<p id="a" align="middle">x</p><p id="a">y</p></body></html>')
+    seen = subprocess.run([*nu_checker, "--errors-only", bad], capture_output=True, text=True, timeout=300)
+    assert seen.returncode != 0 and "Duplicate ID" in seen.stderr, seen.stderr
+    out, _ = browsed
+    proc = subprocess.run([*nu_checker, "--skip-non-html", out], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-3000:]
+
+
 # a linter for workflow files (against SchemaStore's schema), as certify/tests/test_ci.py lints certify's action.yml
 ACTION_VALIDATOR = "@action-validator/cli@0.6.0"
 WORKFLOW = REPO / ".github" / "workflows" / "site.yml"
