@@ -1,7 +1,7 @@
 """The audit as pages people browse (snakemake site): a static site under results/site/ that opens from disk,
 with no server, no network and no script.
 
-  index.html                      the matrix, frameworks by scenarios, each cell its verdict in words and a
+  index.html                      the matrix, scenarios by frameworks, each cell its verdict in words and a
                                   link to its page; the crash counts, the negative controls, the releases
   cells/F/S.html                  a cell: its command, verdict, diagnosis, pictures, max |Δw|, versions, the
                                   commands that reproduce it, and its certificate (verdict.md or crash.md)
