@@ -151,3 +151,23 @@ def test_the_same_samples_in_another_order_and_samples_skipped_ahead_are_told_ap
     [skipped] = diagnosis.diagnose(v, straight, ahead, tmp_path)["causes"]
     assert (skipped.get("how"), skipped.get("from_step")) == ("skipped ahead", 7), skipped
     assert "samples at steps 5..6 are the straight run's of steps 7..8" in skipped["evidence"]
+
+
+@pytest.mark.quick
+def test_an_rng_ahead_of_every_checkpoint_is_drawn_ahead_not_restored_from_another_step(tmp_path):
+    """Catches: an RNG state the resumed run reached by drawing (a loader skipping batches by iterating them:
+    Accelerate's cells in the audit) called restored from a step no checkpoint held; and a state a checkpoint
+    did hold (the stopped run got that far: --lose) no longer called restored from that step. In-process."""
+    from certkit import diagnosis
+
+    straight = {0: {s: {"samples": f"s{s}", "rng_torch": f"g{s}", "lr": [0.1]} for s in range(1, 13)}}
+    resumed = {0: {s: {"samples": f"s{s}", "rng_torch": f"g{s + 5}", "lr": [0.1]} for s in range(5, 13)}}
+    for last, expected in ((4, ("rng_drawn_ahead", None)), (9, ("other_step", 9))):
+        v = {"exact": False, "stop_after": 4, "resumed_from": 4, "not_compared": [],
+             "steps": {"stopped": {0: (1, last)}},
+             "first": {"step": 5, "rank": 0, "piece": "rng_torch", "pieces": {0: ["rng_torch"]}}}
+        [found] = diagnosis.diagnose(v, straight, resumed, tmp_path)["causes"]
+        # the state at step 5 is the straight run's at step 10: the one after step 9's update
+        assert (found["class"], found.get("from_step")) == expected, found
+        if expected[0] == "rng_drawn_ahead":
+            assert found["as_of_step"] == 10 and "last step was 4" in found["evidence"], found

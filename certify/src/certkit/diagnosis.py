@@ -32,6 +32,9 @@ CLASSES = {  # class: (title, the usual fix)
     "other_step": ("Restored from another step",
                    "save every piece of the training state at the same step, and load them all from that step's "
                    "checkpoint"),
+    "rng_drawn_ahead": ("RNG drawn ahead on resume",
+                        "set the RNG states after everything the resume does that draws (building the model, a "
+                        "loader skipping batches by iterating them), or give those draws a generator of their own"),
     "rng_reseeded": ("RNG reseeded, not restored",
                      "save the global RNG states (torch.get_rng_state(), np.random.get_state(), random.getstate()) "
                      "in the checkpoint and set them on resume, after any seeding"),
@@ -167,11 +170,22 @@ class Found:
                     "rng_reseeded", f"the resumed run's {NAMES[piece]} state at step {self.step} is the straight "
                     f"run's at step {m}: where it was right after the program's seeding, not after step {self.k}",
                     where, rng=kind))
+            elif j > self.held():
+                self.causes.append(cause(
+                    "rng_drawn_ahead", f"the resumed run's {NAMES[piece]} state at step {self.step} is the straight "
+                    f"run's at step {m}, a state no checkpoint held (the stopped run's last step was {self.held()}): "
+                    f"the resumed run drew from it before step {self.step} what the straight run drew by step {m}",
+                    where, rng=kind, as_of_step=m))
             elif j != self.k:
                 self.causes.append(cause(
                     "other_step", f"the resumed run's {NAMES[piece]} state at step {self.step} is the straight run's "
                     f"at step {m}: restored from after step {j}, not {self.k}", where, piece=piece, from_step=j))
             self.draw = self.draw or where
+
+    def held(self) -> int:
+        """The last step whose state a checkpoint could hold: the stopped run's last (the first leg's, --again)."""
+        stopped = self.v.get("steps", {}).get("stopped", {})
+        return max([last for _, last in stopped.values()] + [self.v.get("again") or 0])
 
     def first_draw(self, kind: str) -> str | None:
         """The first draw from the global generator KIND, in step K + 1 (both runs' last draws before its update,
