@@ -522,6 +522,7 @@ def certify_processes(out) -> list:
     return found
 
 
+@pytest.mark.slow  # its witness: test_the_stream_says_the_first_difference_and_ends_the_runs_once_its_cause_is_known
 def test_runs_ended_at_the_first_difference_leave_no_process_and_name_what_a_full_run_names(tmp_path):
     """A long resume that forgets its generator: by default certify ends the runs once every rank has parted
     (the resumed run is "stopped by certify" long before its 400 steps), and says each comparison as it goes;
@@ -610,3 +611,34 @@ def test_the_runs_end_early_only_once_the_steps_so_far_name_a_cause(tmp_path):
     assert lanes.early_end(straight, stopped, {0: 5}, behind, 4, 5, 4, tmp_path) == 5
     # the straight run not yet past the kill: the stopped run's steps may still differ from it
     assert lanes.early_end(rows(range(1, 4), "s{}".format), stopped, {0: 5}, behind, 4, 5, 4, tmp_path) is None
+
+
+@pytest.mark.quick
+def test_the_stream_says_the_first_difference_and_ends_the_runs_once_its_cause_is_known(tmp_path):
+    """Catches: runs not told to end at the first difference (a verdict that costs the whole run), told to end
+    where the steps so far name no cause, or told to without early ending asked for (--full); and a first
+    difference not said as it shows. In-process: certificates written here, one look each (the slow witness,
+    test_runs_ended_at_the_first_difference_leave_no_process_and_name_what_a_full_run_names, ends real runs)."""
+    import io
+    import threading
+
+    from certkit import lanes
+
+    def certificate(folder, steps, samples, killed=None):
+        folder.mkdir(parents=True)
+        lines = [{"rank": 0, "step": s, "samples": samples(s), "params_in": f"p{s - 1}", "params": f"p{s}",
+                  "lr": [0.1]} for s in steps] + ([{"rank": 0, "killed": killed}] if killed else [])
+        (folder / "rank0.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    for name, samples, early, ends in (("replayed", lambda s: f"s{s - 2}", True, True),
+                                       ("ahead", lambda s: f"s{s + 2}", True, False),
+                                       ("full", lambda s: f"s{s - 2}", False, False)):
+        out = tmp_path / name
+        certificate(out / "straight", range(1, 9), "s{}".format)
+        certificate(out / "stopped", range(1, 5), "s{}".format, killed=5)  # K = 4
+        certificate(out / "resumed", range(5, 9), samples)
+        stop, said = threading.Event(), io.StringIO()
+        stream = lanes.Stream(out, 4, 5, stop, early, said)
+        looks = [stream.look() for _ in range(lanes.EARLY_TRIES + 1)]
+        assert (any(looks), stop.is_set()) == (ends, ends), name
+        assert "step 5: samples (what the model received) differ at rank 0" in said.getvalue(), said.getvalue()
