@@ -594,6 +594,13 @@ def test_a_certificate_read_as_it_is_written_takes_whole_lines_once(tmp_path):
     assert tail.read() == ({0: {1: {"rank": 0, "step": 1}, 2: {"rank": 0, "step": 2}}}, {0: 2})
 
 
+def fake_rows(steps, samples) -> list:
+    """Rank 0's certificate rows of STEPS, each step's samples SAMPLES(step), its parameters a chain (the
+    step starts from the step before's): runs that differ only in what they were fed."""
+    return [{"rank": 0, "step": s, "samples": samples(s), "params_in": f"p{s - 1}", "params": f"p{s}", "lr": [0.1]}
+            for s in steps]
+
+
 @pytest.mark.quick
 def test_the_runs_end_early_only_once_the_steps_so_far_name_a_cause(tmp_path):
     """Catches: runs ended at the first difference when the cause shows only in later steps (samples skipped
@@ -602,8 +609,7 @@ def test_the_runs_end_early_only_once_the_steps_so_far_name_a_cause(tmp_path):
     from certkit import lanes
 
     def rows(steps, samples):
-        return {0: {s: {"rank": 0, "step": s, "samples": samples(s), "params_in": f"p{s - 1}", "params": f"p{s}",
-                        "lr": [0.1]} for s in steps}}
+        return {0: {row["step"]: row for row in fake_rows(steps, samples)}}
 
     straight, stopped = rows(range(1, 9), "s{}".format), rows(range(1, 5), "s{}".format)  # killed before step 5
     ahead, behind = rows(range(5, 9), lambda s: f"s{s + 2}"), rows(range(5, 9), lambda s: f"s{s - 2}")
@@ -626,8 +632,7 @@ def test_the_stream_says_the_first_difference_and_ends_the_runs_once_its_cause_i
 
     def certificate(folder, steps, samples, killed=None):
         folder.mkdir(parents=True)
-        lines = [{"rank": 0, "step": s, "samples": samples(s), "params_in": f"p{s - 1}", "params": f"p{s}",
-                  "lr": [0.1]} for s in steps] + ([{"rank": 0, "killed": killed}] if killed else [])
+        lines = fake_rows(steps, samples) + ([{"rank": 0, "killed": killed}] if killed else [])
         (folder / "rank0.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
 
     for name, samples, early, ends in (("replayed", lambda s: f"s{s - 2}", True, True),

@@ -64,6 +64,12 @@ class Tail:
         return self.rows, self.killed
 
 
+def cut(straight: dict, resumed: dict, ended: int, kill_at: int) -> tuple[dict, dict]:
+    """The rows a verdict ended at step ENDED is judged on: the straight run's through ENDED and the stopped
+    run's steps (through KILL_AT - 1, which the determinism check compares), the resumed run's through ENDED."""
+    return verdict.truncated(straight, max(ended, kill_at - 1)), verdict.truncated(resumed, ended)
+
+
 def early_end(straight: dict, stopped: dict, killed: dict, resumed: dict, start: int, kill_at: int, stop_after: int,
               out: Path) -> int | None:
     """The step the runs may end at, the verdict known: where every rank has parted (verdict.parted) and the
@@ -74,7 +80,7 @@ def early_end(straight: dict, stopped: dict, killed: dict, resumed: dict, start:
     parted = verdict.parted(straight, stopped, resumed, start, kill_at)
     if parted is None:
         return None
-    straight, resumed = verdict.truncated(straight, max(parted, kill_at - 1)), verdict.truncated(resumed, parted)
+    straight, resumed = cut(straight, resumed, parted, kill_at)
     found = verdict.judge(straight, stopped, resumed, killed, stop_after, resumed_from=start)
     if not found["deterministic"] or found["exact"]:
         return None

@@ -455,7 +455,7 @@ def certify(command: list, resume: str, out: Path, stop_after: int, lose: int = 
     resumed, start = aligned_legs(runs, *legs, again, lose)
     ended = lanes.early_end(straight, stopped, killed, resumed, start, kill_at, stop_after, out) if early else None
     if ended:
-        straight, resumed = verdict.truncated(straight, max(ended, kill_at - 1)), verdict.truncated(resumed, ended)
+        straight, resumed = lanes.cut(straight, resumed, ended, kill_at)
     found = verdict.judge(straight, stopped, resumed, killed, stop_after, other_world=resume_command is not None,
                           resumed_from=start)
     if not found["deterministic"]:
